@@ -106,3 +106,34 @@ def gather_rows(row: "list[float]") -> "list[list[float]]":
     table[rank()] = row
     reduced = allreduce(mx.nd.array(table, ctx=mx.cpu(), dtype="float64"), op="sum")
     return reduced.asnumpy().tolist()
+
+
+def broadcast_parameters(params: "dict[str, mx.nd.NDArray]", root_rank: int = 0) -> None:
+    """Overwrite every rank's NDArrays in `params` with root_rank's, in place."""
+    if _hvd is not None and params:
+        _hvd.broadcast_parameters(params, root_rank=root_rank)
+
+
+def distributed_optimizer(optimizer: "mx.optimizer.Optimizer") -> "mx.optimizer.Optimizer":
+    """`optimizer` with each gradient allreduced before its update (Horovod averages).
+
+    For mx.mod.Module(..., kvstore=None): the module calls update() per parameter
+    group and Horovod fuses the allreduces in the background.
+    """
+    if _hvd is None:
+        return optimizer
+    return _hvd.DistributedOptimizer(optimizer)
+
+
+def raise_if_any_failed(error: "BaseException | None", what: str) -> None:
+    """Agree across ranks on whether `what` succeeded everywhere; raise on every rank if not.
+
+    A rank that failed re-raises its own error; the others raise a RuntimeError
+    naming the failed ranks. Without this, the healthy ranks would wait forever
+    in the next collective.
+    """
+    failed = [r for r, (flag,) in enumerate(gather_rows([1.0 if error is not None else 0.0])) if flag]
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see their logs")

@@ -1,0 +1,227 @@
+"""The training configuration: defaults, presets, command-line overrides, checks.
+
+Precedence, lowest first: DEFAULTS, the --dataset preset, the --network preset,
+the --loss preset, then every `--FIELD VALUE` given. The result is a frozen
+`Config`, printed at start and written to OUTPUT/config.json.
+
+Batch and learning rate. batch_size is per rank; every step trains on the
+global batch N = batch_size x world_size. The head's loss is the mean over those
+N samples and its gradient is exact for it, so the backbone gradients of the
+ranks are summed (Horovod averages, so the optimizer rescales by world_size):
+one step is one SGD step of a single model on N samples. `lr` is the learning
+rate for a global batch of `lr_base_batch` samples and scales linearly:
+effective lr = lr x N / lr_base_batch (at N = 512 and lr = 0.1: 0.1).
+Schedules count steps of N samples; epochs convert with
+steps_per_epoch = num_images // N.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field, fields
+
+import symbols
+
+
+@dataclass(frozen=True)
+class Config:
+    # ---- data
+    dataset: str = "synthetic"
+    rec: str = ""                      # train.rec of a RecordIO set; "" = dummy data (speed runs)
+    num_classes: int = 1000
+    num_images: int = 0                # images per epoch of the dummy iterator; read from the .rec otherwise
+    val_targets: tuple = ()            # verification .bin files
+    image_size: int = 112
+    synthetic_identities: int = 0      # > 0: generate a synthetic set at `rec` if it is missing
+    synthetic_images_per_identity: int = 20
+    decode_threads: int = 2
+    # ---- backbone
+    network: str = "r50"
+    embedding_size: int = 512
+    dropout: float = 0.0
+    fp16: bool = False
+    # ---- head
+    loss: str = "arcface"
+    margin_s: float = 64.0
+    margin_m1: float = 1.0
+    margin_m2: float = 0.5
+    margin_m3: float = 0.0
+    sample_rate: float = 1.0
+    # ---- optimisation (both optimizers)
+    batch_size: int = 128              # per rank
+    lr: float = 0.1                    # for a global batch of lr_base_batch
+    lr_base_batch: int = 512
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "multistep"     # multistep | poly
+    num_epoch: float = 20.0
+    decay_epochs: tuple = (10.0, 16.0, 18.0)   # multistep: lr x lr_factor at each
+    lr_factor: float = 0.1
+    warmup_epochs: float = 0.0
+    poly_power: float = 2.0
+    max_update: int = 0                # > 0 overrides num_epoch
+    # ---- run
+    output: str = ""                   # default: output/DATASET_NETWORK_LOSS
+    context: str = "auto"              # auto (GPU local_rank if any) | cpu | gpu
+    seed: int = 0
+    frequent: int = 50                 # log every this many steps
+    verbose: int = 2000                # verification every this many steps (and at the end)
+    val_batch_size: int = 64
+    tensorboard: bool = True
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+DATASETS = {
+    # InsightFace's packs as users have them: data/NAME/train.rec (+ .idx, property, *.bin)
+    "emore": dict(rec="data/faces_emore/train.rec", num_classes=85742,
+                  val_targets=("data/faces_emore/lfw.bin", "data/faces_emore/cfp_fp.bin",
+                               "data/faces_emore/agedb_30.bin"),
+                  num_epoch=16, decay_epochs=(8, 14), warmup_epochs=0),
+    "glint360k": dict(rec="data/glint360k/train.rec", num_classes=360232,
+                      val_targets=("data/glint360k/lfw.bin", "data/glint360k/cfp_fp.bin",
+                                   "data/glint360k/agedb_30.bin"),
+                      num_epoch=20, lr_schedule="poly", warmup_epochs=1),
+    "webface": dict(rec="data/faces_webface_112x112/train.rec", num_classes=10572,
+                    val_targets=("data/faces_webface_112x112/lfw.bin",),
+                    num_epoch=34, decay_epochs=(20, 28, 32)),
+    # generated on first use; identities of val.bin are never seen in training
+    "synthetic": dict(rec="output/data/synthetic/train.rec", num_classes=1000,
+                      val_targets=("output/data/synthetic/val.bin",), synthetic_identities=1000,
+                      synthetic_images_per_identity=16, network="r18-lite", loss="cosface",
+                      batch_size=32, lr=0.1, lr_base_batch=64, num_epoch=1, lr_schedule="poly",
+                      warmup_epochs=0.2, frequent=25, verbose=125),
+    # dummy data, no I/O: step time and memory at large identity counts
+    "speed-1m": dict(rec="", num_classes=1_000_000, num_images=100_000, val_targets=(), max_update=200, frequent=10),
+    "speed-10m": dict(rec="", num_classes=10_000_000, num_images=100_000, val_targets=(), max_update=200,
+                      frequent=10, sample_rate=0.1),
+    "speed-100m": dict(rec="", num_classes=100_000_000, num_images=100_000, val_targets=(), max_update=200,
+                       frequent=10, sample_rate=0.1),
+}
+NETWORKS = {
+    "r18": dict(network="r18"), "r34": dict(network="r34"), "r50": dict(network="r50"),
+    "r100": dict(network="r100"), "mbf": dict(network="mbf", embedding_size=512),
+    # a CPU-sized iResNet-18 (quarter width, stride-4 stem) for the synthetic default and tests
+    "r18-lite": dict(network="r18-lite", embedding_size=128),
+}
+LOSSES = {
+    "arcface": dict(loss="arcface", margin_s=64.0, margin_m1=1.0, margin_m2=0.5, margin_m3=0.0),
+    "cosface": dict(loss="cosface", margin_s=64.0, margin_m1=1.0, margin_m2=0.0, margin_m3=0.4),
+    "combined": dict(loss="combined", margin_s=64.0, margin_m1=1.0, margin_m2=0.3, margin_m3=0.2),
+}
+PRESET_FIELDS = {"dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
+
+
+class ConfigError(ValueError):
+    """A configuration value that is unknown or out of range; the message names the field."""
+
+
+def _parse_value(kind, text: str):
+    if kind is bool:
+        lowered = text.lower()
+        if lowered not in ("1", "0", "true", "false", "yes", "no"):
+            raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+        return lowered in ("1", "true", "yes")
+    if kind is tuple:
+        return tuple(item for item in text.split(",") if item)
+    return kind(text)
+
+
+def _field_type(f: dataclasses.Field):
+    return {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}[f.type]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mxnet_pfc.train",
+        description="Train a face-recognition backbone with Partial FC on one or more ranks. "
+                    "Launch several ranks with `horovodrun -np N -H host:slots bash config.sh [ARGS]` "
+                    "or `bash run.sh [ARGS]`.",
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in fields(Config):
+        kind = _field_type(f)
+        choices = PRESET_FIELDS.get(f.name)
+        help_text = f"default: {f.default!r}" if not choices else f"preset, one of {', '.join(choices)}; default {f.default!r}"
+        if kind is tuple:
+            help_text += " (comma-separated)"
+        parser.add_argument(f"--{f.name}", type=lambda text, kind=kind: _parse_value(kind, text),
+                            default=None, metavar=kind.__name__.upper(), help=help_text)
+    return parser
+
+
+def make_config(overrides: "dict | None" = None) -> Config:
+    """Defaults, then the presets named in `overrides` (or the default ones), then `overrides`."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    known = {f.name: f for f in fields(Config)}
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown configuration field(s): {', '.join(unknown)}")
+    values = {name: f.default for name, f in known.items()}
+    for preset_field, table in PRESET_FIELDS.items():      # a dataset preset may choose the network and loss
+        name = overrides.get(preset_field, values[preset_field])
+        if name not in table:
+            raise ConfigError(f"unknown {preset_field} {name!r}; choose one of: {', '.join(table)}")
+        values.update(table[name])
+    for name, value in overrides.items():
+        kind = _field_type(known[name])
+        if kind is tuple and isinstance(value, str):
+            value = _parse_value(tuple, value)
+        values[name] = tuple(value) if kind is tuple else value
+    values["decay_epochs"] = tuple(float(v) for v in values["decay_epochs"])
+    values["val_targets"] = tuple(str(v) for v in values["val_targets"])
+    if not values["output"]:
+        values["output"] = os.path.join("output", f"{values['dataset']}_{values['network']}_{values['loss']}")
+    config = Config(**values)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    def require(condition: bool, name: str, what: str) -> None:
+        if not condition:
+            raise ConfigError(f"{name} = {getattr(config, name)!r}: {what}")
+
+    require(config.network in symbols.NETWORKS, "network", f"not a registered network ({', '.join(symbols.names())})")
+    require(config.num_classes >= 1, "num_classes", "must be at least 1")
+    require(config.embedding_size >= 1, "embedding_size", "must be at least 1")
+    require(config.batch_size >= 1, "batch_size", "must be at least 1")
+    require(0.0 < config.sample_rate <= 1.0, "sample_rate", "must be in (0, 1]")
+    require(config.lr > 0, "lr", "must be positive")
+    require(config.lr_base_batch >= 1, "lr_base_batch", "must be at least 1")
+    require(0.0 <= config.momentum < 1.0, "momentum", "must be in [0, 1)")
+    require(config.weight_decay >= 0, "weight_decay", "must be non-negative")
+    require(0.0 <= config.dropout < 1.0, "dropout", "must be in [0, 1)")
+    require(config.lr_schedule in ("multistep", "poly"), "lr_schedule", "must be multistep or poly")
+    require(config.num_epoch > 0 or config.max_update > 0, "num_epoch", "must be positive (or set max_update)")
+    require(config.max_update >= 0, "max_update", "must be non-negative")
+    require(config.warmup_epochs >= 0, "warmup_epochs", "must be non-negative")
+    require(0 < config.lr_factor <= 1, "lr_factor", "must be in (0, 1]")
+    require(list(config.decay_epochs) == sorted(config.decay_epochs), "decay_epochs", "must be increasing")
+    require(config.context in ("auto", "cpu", "gpu"), "context", "must be auto, cpu or gpu")
+    require(config.frequent >= 1, "frequent", "must be at least 1")
+    require(config.verbose >= 1, "verbose", "must be at least 1")
+    require(config.image_size == 112, "image_size", "the backbones take 112x112 faces")
+    require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
+    require(config.rec or config.num_images > 0, "num_images", "dummy data (rec = '') needs num_images > 0")
+    require(config.margin_s > 0, "margin_s", "must be positive")
+
+
+def parse_args(argv=None) -> Config:
+    """The Config for a command line; argparse or ConfigError messages name the field."""
+    args = build_parser().parse_args(argv)
+    return make_config(vars(args))
+
+
+def save(config: Config, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(config.to_dict(), f, indent=2)
+    os.replace(tmp, path)
+
+
+def describe(config: Config) -> str:
+    width = max(len(f.name) for f in fields(Config))
+    return "\n".join(f"  {name:<{width}} = {value!r}" for name, value in config.to_dict().items())

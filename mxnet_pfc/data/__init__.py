@@ -1,0 +1,1 @@
+"""Data: the RecordIO layout, iterators, the synthetic set and the packing tool."""

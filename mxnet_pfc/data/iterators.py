@@ -1,0 +1,156 @@
+"""Training batches for one rank: from a RecordIO set, or random tensors for speed runs.
+
+Both yield `Batch(data, labels, epoch)`: data is an NDArray (B, 3, H, W) of raw
+0..255 float32 pixels on the CPU, labels an int64 numpy array (B,).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+import cv2
+import mxnet as mx
+import numpy as np
+
+from .records import DataError, image_label, open_records
+
+log = logging.getLogger(__name__)
+
+
+class Batch(NamedTuple):
+    data: mx.nd.NDArray
+    labels: np.ndarray
+    epoch: int
+
+
+def epoch_order(num_images: int, batch_size: int, rank: int, world_size: int, seed: int, epoch: int) -> np.ndarray:
+    """Positions (into the image list) that `rank` reads in `epoch`, shape (steps, batch_size).
+
+    One permutation per epoch, the same on every rank (seeded by seed and epoch);
+    each step's global batch is cut into world_size consecutive slices of
+    batch_size, so ranks never share an image within an epoch. The tail that does
+    not fill a global batch is left for that epoch: every rank runs the same
+    number of steps, which the collectives need.
+    """
+    global_batch = batch_size * world_size
+    steps = num_images // global_batch
+    if steps == 0:
+        raise DataError(f"{num_images} images cannot fill one global batch of {batch_size} x {world_size} ranks")
+    order = np.random.default_rng([seed, epoch]).permutation(num_images)[:steps * global_batch]
+    return order.reshape(steps, world_size, batch_size)[:, rank]
+
+
+class RecordIter:
+    """This rank's shard of an InsightFace RecordIO set, decoded in background threads.
+
+    A producer thread reads raw records in order and hands the decoding (OpenCV,
+    which releases the GIL) to a pool of `threads`; up to `prefetch` decoded
+    batches wait in a queue, so the training loop does not wait when decoding
+    keeps up. Images are RGB, randomly mirrored when rand_mirror.
+    """
+
+    def __init__(self, rec_path: str, batch_size: int, num_classes: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, rand_mirror: bool = True, image_size: "tuple[int, int]" = (112, 112),
+                 threads: int = 2, prefetch: int = 4, start_epoch: int = 0):
+        self.reader, self.records = open_records(rec_path)
+        self.batch_size, self.num_classes = batch_size, num_classes
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.rand_mirror, self.image_size = rand_mirror, tuple(image_size)
+        if self.records.num_identities is not None and self.records.num_identities > num_classes:
+            raise DataError(f"{rec_path}: the header lists {self.records.num_identities} identities, "
+                            f"more than num_classes = {num_classes}")
+        self.steps_per_epoch = len(epoch_order(len(self.records.image_records), batch_size, rank, world_size, seed, 0))
+        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
+        self._producer = threading.Thread(target=self._produce, args=(start_epoch,), daemon=True, name="records")
+        self._producer.start()
+
+    @property
+    def num_images(self) -> int:
+        return len(self.records.image_records)
+
+    def _decode(self, args) -> "tuple[np.ndarray, float]":
+        record, raw, mirror = args
+        header, payload = mx.recordio.unpack(raw)
+        label = image_label(header)
+        if not (0 <= label < self.num_classes and label == int(label)):
+            raise DataError(f"{self.records.rec_path}: record {record} has label {label}, "
+                            f"outside the classes [0, {self.num_classes})")
+        image = cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR)
+        if image is None:
+            raise DataError(f"{self.records.rec_path}: record {record} does not decode as an image")
+        if image.shape[:2] != self.image_size:
+            raise DataError(f"{self.records.rec_path}: record {record} is {image.shape[1]}x{image.shape[0]}, "
+                            f"expected {self.image_size[1]}x{self.image_size[0]}")
+        image = image[:, ::-1, ::-1] if mirror else image[:, :, ::-1]        # BGR -> RGB (and mirror)
+        return image, label
+
+    def _produce(self, epoch: int) -> None:
+        try:
+            while not self._stop.is_set():
+                mirror_rng = np.random.default_rng([self.seed, epoch, self.rank])
+                for positions in epoch_order(self.num_images, self.batch_size, self.rank, self.world_size,
+                                             self.seed, epoch):
+                    records = self.records.image_records[positions]
+                    raws = [self.reader.read_idx(int(r)) for r in records]
+                    mirrors = mirror_rng.random(len(records)) < 0.5 if self.rand_mirror else [False] * len(records)
+                    decoded = list(self._pool.map(self._decode, zip(records, raws, mirrors)))
+                    data = np.stack([image for image, _ in decoded]).transpose(0, 3, 1, 2).astype(np.float32)
+                    labels = np.array([label for _, label in decoded], dtype=np.int64)
+                    if not self._put((data, labels, epoch)):
+                        return
+                epoch += 1
+        except BaseException as error:      # handed to the training loop, which raises it
+            self._put(error)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        data, labels, epoch = item
+        return Batch(mx.nd.array(data, dtype="float32"), labels, epoch)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class DummyIter:
+    """Random images (drawn once) and uniformly random labels: speed runs at any identity count."""
+
+    def __init__(self, batch_size: int, num_classes: int, rank: int = 0, seed: int = 0,
+                 image_size: "tuple[int, int]" = (112, 112), steps_per_epoch: int = 1000):
+        rng = np.random.default_rng([seed, rank])
+        self.batch_size, self.num_classes, self.steps_per_epoch = batch_size, num_classes, steps_per_epoch
+        self._data = mx.nd.array(rng.uniform(0, 255, size=(batch_size, 3, *image_size)), dtype="float32")
+        self._rng = rng
+        self._step = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        labels = self._rng.integers(0, self.num_classes, size=self.batch_size, dtype=np.int64)
+        epoch = self._step // self.steps_per_epoch
+        self._step += 1
+        return Batch(self._data, labels, epoch)
+
+    def close(self) -> None:
+        pass

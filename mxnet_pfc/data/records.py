@@ -1,0 +1,117 @@
+"""The InsightFace RecordIO layout (DESIGN.md section 3): writing and reading its index.
+
+Record 0 is a header with label (first_identity_record, end). Records
+1 .. first_identity_record-1 are images (label = class id, payload = encoded
+image); records first_identity_record .. end-1 describe one identity each
+(label = (first_image, end_image)). Sets without the header are plain image lists.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import mxnet as mx
+import numpy as np
+
+
+class DataError(ValueError):
+    """A data set that cannot be read as described: names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class RecordSet:
+    rec_path: str
+    idx_path: str
+    image_records: np.ndarray      # record indices of images, in file order
+    num_identities: int | None     # from the header's identity records; None without a header
+
+
+def read_property(folder: str) -> "tuple[int, int, int]":
+    """(num_classes, height, width) from the `property` file."""
+    path = os.path.join(folder, "property")
+    try:
+        fields = [int(v) for v in open(path).read().strip().split(",")]
+        num_classes, height, width = fields
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: expected 'num_classes,112,112' ({error})") from None
+    return num_classes, height, width
+
+
+def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.recordio.MXIndexedRecordIO, RecordSet]":
+    """Open train.rec/train.idx and find the image records, with or without the header."""
+    idx_path = idx_path or os.path.splitext(rec_path)[0] + ".idx"
+    for path in (rec_path, idx_path):
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: no such file")
+    reader = mx.recordio.MXIndexedRecordIO(idx_path, rec_path, "r")
+    if not reader.keys:
+        raise DataError(f"{idx_path}: empty index")
+    first = min(reader.keys)
+    header, _ = mx.recordio.unpack(reader.read_idx(first))
+    if header.flag > 0 and first == 0:
+        first_identity, end = (int(v) for v in np.asarray(header.label).ravel()[:2])
+        if not 1 <= first_identity <= end:
+            raise DataError(f"{rec_path}: header record has label ({first_identity}, {end}), "
+                            "expected 1 <= first_identity_record <= end")
+        images = np.arange(1, first_identity, dtype=np.int64)
+        identities = end - first_identity
+    else:
+        images = np.array(sorted(reader.keys), dtype=np.int64)
+        identities = None
+    return reader, RecordSet(rec_path, idx_path, images, identities)
+
+
+def image_label(header: mx.recordio.IRHeader) -> float:
+    """An image record's class id: its label, or the first element of an array label."""
+    label = header.label
+    return float(label if np.isscalar(label) else np.asarray(label).ravel()[0])
+
+
+class RecordWriter:
+    """Writes the header, images identity by identity, then the identity records.
+
+    The counts are known up front so that the header is physically the first
+    record, as in the sets users have. Images must arrive with class ids
+    0, 1, 2 ... in order. Files appear only on close() (written as .tmp, renamed).
+    """
+
+    def __init__(self, folder: str, num_images: int, num_identities: int, prefix: str = "train"):
+        os.makedirs(folder, exist_ok=True)
+        self.folder = folder
+        self.rec_path = os.path.join(folder, prefix + ".rec")
+        self.idx_path = os.path.join(folder, prefix + ".idx")
+        self._tmp = (self.idx_path + ".tmp", self.rec_path + ".tmp")
+        self._writer = mx.recordio.MXIndexedRecordIO(*self._tmp, "w")
+        self._num_images, self._num_identities = num_images, num_identities
+        first_identity = num_images + 1
+        header = mx.recordio.IRHeader(0, [float(first_identity), float(first_identity + num_identities)], 0, 0)
+        self._writer.write_idx(0, mx.recordio.pack(header, b""))
+        self._next = 1
+        self._ranges: list[tuple[int, int]] = []     # (first_image, end_image) per identity
+
+    def add(self, class_id: int, encoded: bytes) -> None:
+        if class_id == len(self._ranges):
+            self._ranges.append((self._next, self._next))
+        elif class_id != len(self._ranges) - 1:
+            raise ValueError(f"images must come identity by identity: got class {class_id} "
+                             f"after {len(self._ranges) - 1}")
+        if self._next > self._num_images:
+            raise ValueError(f"more than the {self._num_images} images announced")
+        header = mx.recordio.IRHeader(0, float(class_id), self._next, 0)
+        self._writer.write_idx(self._next, mx.recordio.pack(header, encoded))
+        self._ranges[-1] = (self._ranges[-1][0], self._next + 1)
+        self._next += 1
+
+    def close(self, image_size: "tuple[int, int]" = (112, 112)) -> None:
+        """Identity records and `property`; then the files appear atomically."""
+        if self._next != self._num_images + 1 or len(self._ranges) != self._num_identities:
+            raise ValueError(f"announced {self._num_images} images of {self._num_identities} identities, "
+                             f"got {self._next - 1} of {len(self._ranges)}")
+        for offset, (start, end) in enumerate(self._ranges):
+            header = mx.recordio.IRHeader(0, [float(start), float(end)], self._next + offset, 0)
+            self._writer.write_idx(self._next + offset, mx.recordio.pack(header, b""))
+        self._writer.close()
+        os.replace(self._tmp[1], self.rec_path)
+        os.replace(self._tmp[0], self.idx_path)
+        with open(os.path.join(self.folder, "property"), "w") as f:
+            f.write(f"{len(self._ranges)},{image_size[0]},{image_size[1]}\n")

@@ -1,0 +1,164 @@
+"""A synthetic face-like data set: identities are random draws of a parametric face.
+
+Each identity is a parameter vector (colours of background, skin, hair, eyes and
+mouth; face shape; positions and sizes of eyes, nose and mouth; a skin texture).
+Each image of it adds nuisance the model must learn to ignore: shift, scale,
+rotation, brightness, colour cast and pixel noise. A model that learns to read
+the parameters generalises to identities it never saw, which is what the
+held-out verification .bin measures.
+
+    python -m mxnet_pfc.data.synthetic --output output/data/synthetic
+
+writes train.rec, train.idx, property (the InsightFace layout) and val.bin
+(pairs of held-out identities, the verification format).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from .records import RecordWriter
+
+SIZE = 112
+COMPLETE = "COMPLETE"
+RENDER_SIZE = 56      # shapes are drawn at half resolution, then resized (4x less work)
+# identity parameters: name -> (low, high) of a uniform draw
+PARAMETERS = {
+    "bg": (0.0, 1.0, 3), "skin": (0.15, 1.0, 3), "hair": (0.0, 0.8, 3), "eye": (0.0, 0.6, 3), "mouth": (0.2, 1.0, 3),
+    "face_w": (0.45, 0.72, 1), "face_h": (0.62, 0.88, 1), "hairline": (-0.75, -0.2, 1),
+    "eye_y": (-0.3, 0.05, 1), "eye_dx": (0.18, 0.4, 1), "eye_r": (0.05, 0.14, 1),
+    "nose": (0.08, 0.3, 1), "mouth_y": (0.32, 0.6, 1), "mouth_w": (0.12, 0.38, 1), "mouth_h": (0.03, 0.1, 1),
+    "stripe_freq": (2.0, 9.0, 1), "stripe_angle": (0.0, np.pi, 1), "stripe_amp": (0.0, 0.35, 1),
+}
+
+
+def draw_identities(rng: np.random.Generator, count: int) -> "dict[str, np.ndarray]":
+    return {name: rng.uniform(low, high, size=(count, width)) for name, (low, high, width) in PARAMETERS.items()}
+
+
+def _soft(inside: np.ndarray, sharpness: float = 40.0) -> np.ndarray:
+    """A mask with anti-aliased edges from a signed 'inside' value (> 0 inside)."""
+    return 0.5 + 0.5 * np.tanh(np.clip(inside, -1, 1) * (sharpness / 2))
+
+
+def render(ids: "dict[str, np.ndarray]", rng: np.random.Generator) -> np.ndarray:
+    """One image per row of `ids`: uint8 (M, SIZE, SIZE, 3), with random nuisance."""
+    m = len(ids["bg"])
+    ids = {name: value.astype(np.float32) for name, value in ids.items()}
+    draw = lambda low, high, shape: rng.uniform(low, high, size=shape).astype(np.float32)
+    grid = ((np.arange(RENDER_SIZE, dtype=np.float32) + 0.5) / RENDER_SIZE * 2 - 1)
+    gy, gx = np.meshgrid(grid, grid, indexing="ij")
+    # nuisance: shift, scale, rotation -> face coordinates (u, v) of every pixel
+    shift = draw(-0.08, 0.08, (m, 2, 1, 1))
+    scale = draw(0.92, 1.08, (m, 1, 1))
+    angle = draw(-0.14, 0.14, (m, 1, 1))
+    x, y = gx[None] - shift[:, 0], gy[None] - shift[:, 1]
+    u = (np.cos(angle) * x + np.sin(angle) * y) / scale
+    v = (-np.sin(angle) * x + np.cos(angle) * y) / scale
+
+    p = {name: value[:, :, None, None] if value.shape[1] == 3 else value[:, 0, None, None] for name, value in ids.items()}
+    face = _soft(1 - (u / p["face_w"]) ** 2 - (v / p["face_h"]) ** 2)
+    hair = face * _soft(p["hairline"] - v)
+    eyes = sum(_soft(1 - ((u - side * p["eye_dx"]) ** 2 + (v - p["eye_y"]) ** 2) / p["eye_r"] ** 2) for side in (-1, 1))
+    nose = _soft(1 - (u / 0.03) ** 2 - ((v - p["eye_y"] - p["nose"] / 2 - 0.05) / (p["nose"] / 2)) ** 2)
+    mouth = _soft(1 - (u / p["mouth_w"]) ** 2 - ((v - p["mouth_y"]) / p["mouth_h"]) ** 2)
+    stripes = p["stripe_amp"] * np.sin(p["stripe_freq"] * np.pi * (np.cos(p["stripe_angle"]) * u + np.sin(p["stripe_angle"]) * v))
+
+    def paint(base, mask, colour):
+        return base * (1 - mask[:, None]) + colour * mask[:, None]
+
+    image = np.broadcast_to(p["bg"] * (0.85 + 0.15 * v[:, None]), (m, 3, RENDER_SIZE, RENDER_SIZE))
+    image = paint(image, face, p["skin"] * (1 + stripes[:, None]))
+    image = paint(image, hair, p["hair"])
+    image = paint(image, np.clip(eyes, 0, 1), p["eye"])
+    image = paint(image, nose, p["skin"] * 0.7)
+    image = paint(image, mouth, p["mouth"])
+    # nuisance: brightness, colour cast, noise
+    image = image * draw(0.8, 1.2, (m, 1, 1, 1)) + draw(-0.06, 0.06, (m, 3, 1, 1))
+    image += rng.standard_normal(size=image.shape, dtype=np.float32) * 0.04
+    image = np.stack([cv2.resize(one, (SIZE, SIZE), interpolation=cv2.INTER_LINEAR)
+                      for one in image.transpose(0, 2, 3, 1)])
+    return (np.clip(image, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+def encode(image_rgb: np.ndarray) -> bytes:
+    ok, buffer = cv2.imencode(".jpg", image_rgb[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 92])
+    assert ok
+    return buffer.tobytes()
+
+
+def _select(ids: "dict[str, np.ndarray]", rows: np.ndarray) -> "dict[str, np.ndarray]":
+    return {name: value[rows] for name, value in ids.items()}
+
+
+def write_training_set(folder: str, identities: int, images_per_identity: int, seed: int, chunk: int = 256) -> None:
+    rng = np.random.default_rng(seed)
+    ids = draw_identities(rng, identities)
+    labels = np.repeat(np.arange(identities), images_per_identity)
+    writer = RecordWriter(folder, len(labels), identities)
+    for start in tqdm(range(0, len(labels), chunk), desc="train.rec", unit="chunk", leave=False):
+        rows = labels[start:start + chunk]
+        for label, image in zip(rows, render(_select(ids, rows), rng)):
+            writer.add(int(label), encode(image))
+    writer.close((SIZE, SIZE))
+
+
+def write_verification_set(path: str, identities: int, pairs: int, seed: int) -> None:
+    """pairs/2 same-identity and pairs/2 different-identity pairs of unseen identities."""
+    rng = np.random.default_rng(seed)
+    ids = draw_identities(rng, identities)
+    half = pairs // 2
+    same = rng.integers(0, identities, size=half)
+    first = rng.integers(0, identities, size=half)
+    second = (first + rng.integers(1, identities, size=half)) % identities    # never equal to first
+    left = np.concatenate([same, first])
+    right = np.concatenate([same, second])
+    issame = [True] * half + [False] * half
+    order = rng.permutation(len(issame))
+    left, right, issame = left[order], right[order], [issame[i] for i in order]
+    rows = np.stack([left, right], axis=1).ravel()              # pair i -> images 2i, 2i+1
+    images = np.concatenate([render(_select(ids, rows[s:s + 256]), rng) for s in range(0, len(rows), 256)])
+    bins = [encode(image) for image in images]
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump((bins, issame), f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def generate(folder: str, identities: int = 1000, images_per_identity: int = 20, val_identities: int = 500,
+             val_pairs: int = 2000, seed: int = 0) -> None:
+    """The training set and the held-out verification set (different seeds: disjoint identities).
+
+    COMPLETE is written last: a folder without it is unfinished.
+    """
+    write_training_set(folder, identities, images_per_identity, seed)
+    write_verification_set(os.path.join(folder, "val.bin"), val_identities, val_pairs, seed + 1_000_003)
+    with open(os.path.join(folder, COMPLETE), "w") as f:
+        f.write(f"identities={identities} images_per_identity={images_per_identity} seed={seed}\n")
+
+
+def is_complete(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, COMPLETE))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", default="output/data/synthetic", help="folder to write (default: %(default)s)")
+    parser.add_argument("--identities", type=int, default=1000, help="training identities (default: %(default)s)")
+    parser.add_argument("--images-per-identity", type=int, default=20, help="(default: %(default)s)")
+    parser.add_argument("--val-identities", type=int, default=500, help="held-out identities (default: %(default)s)")
+    parser.add_argument("--val-pairs", type=int, default=2000, help="verification pairs (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    args = parser.parse_args(argv)
+    generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
+    print(f"wrote {args.output}: train.rec/.idx ({args.identities} identities x {args.images_per_identity}), "
+          f"property, val.bin ({args.val_pairs} pairs of {args.val_identities} unseen identities)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Verification on InsightFace .bin pair sets."""

@@ -1,0 +1,87 @@
+"""The training module: a backbone (mx.mod.Module, data parallel) feeding the Partial FC head.
+
+One step: the backbone embeds this rank's batch; the head computes the loss of
+the global batch and the gradient for this rank's embeddings (and updates its
+sampled centers); the backbone back-propagates that gradient; Horovod sums the
+backbone gradients over ranks inside the optimizer's update.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import warnings
+
+import mxnet as mx
+import numpy as np
+
+from . import comm
+from .partial_fc import PartialFC
+
+log = logging.getLogger(__name__)
+
+
+class LRSchedule:
+    """Learning rate per step (0-based): linear warm-up, then multi-step or polynomial decay.
+
+    multistep: lr x factor^(number of decay steps <= step);
+    poly: lr x (1 - (step - warmup) / (max_update - warmup))^power.
+    Warm-up: lr x (step + 1) / warmup_steps for the first warmup_steps steps.
+    """
+
+    def __init__(self, lr: float, max_update: int, kind: str = "multistep", decay_steps=(),
+                 factor: float = 0.1, warmup_steps: int = 0, power: float = 2.0):
+        self.lr, self.max_update, self.kind = lr, max_update, kind
+        self.decay_steps, self.factor = sorted(int(s) for s in decay_steps), factor
+        self.warmup_steps, self.power = int(warmup_steps), power
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.kind == "poly":
+            span = max(1, self.max_update - self.warmup_steps)
+            return self.lr * max(0.0, 1 - (step - self.warmup_steps) / span) ** self.power
+        return self.lr * self.factor ** bisect.bisect_right(self.decay_steps, step)
+
+
+class PartialFCModule:
+    """Backbone + head on one rank; every rank constructs it and calls step() in lock step."""
+
+    def __init__(self, symbol: mx.sym.Symbol, head: PartialFC, batch_size: int, ctx: mx.Context,
+                 momentum: float = 0.9, weight_decay: float = 5e-4, fp16: bool = False,
+                 image_size: int = 112, seed: int = 0):
+        self.head, self.ctx = head, ctx
+        self.data_shape = (batch_size, 3, image_size, image_size)
+        self.module = mx.mod.Module(symbol, data_names=["data"], label_names=None, context=ctx)
+        self.module.bind(data_shapes=[("data", self.data_shape)], for_training=True)
+        mx.random.seed(seed)
+        self.module.init_params(mx.init.Xavier(rnd_type="gaussian", factor_type="out", magnitude=2))
+        # rank 0's initial backbone on every rank (a distributed touch-point)
+        arg_params, aux_params = self.module.get_params()
+        comm.broadcast_parameters(arg_params)
+        comm.broadcast_parameters(aux_params)
+        self.module.set_params(arg_params, aux_params, force_init=True)
+        param_names = [n for n in symbol.list_arguments() if n != "data"]
+        # Horovod averages gradients over ranks; each rank's gradient is its share of
+        # the global mean loss's gradient, so the sum is wanted: rescale by world size.
+        sgd = mx.optimizer.SGD(learning_rate=head.lr, momentum=momentum, wd=weight_decay,
+                               rescale_grad=float(comm.size()), multi_precision=fp16,
+                               param_idx2name=dict(enumerate(param_names)))
+        self.optimizer = comm.distributed_optimizer(sgd)
+        with warnings.catch_warnings():     # Module expects rescale_grad = 1/batch; ours is deliberate
+            warnings.simplefilter("ignore")
+            self.module.init_optimizer(kvstore=None, optimizer=self.optimizer)
+
+    def step(self, data: mx.nd.NDArray, labels: np.ndarray, lr: float) -> float:
+        """One SGD step of backbone and head at learning rate lr; returns the global mean loss."""
+        self.head.lr = lr
+        self.optimizer.set_learning_rate(lr)
+        self.module.forward(mx.io.DataBatch([data]), is_train=True)
+        embeddings = self.module.get_outputs()[0]
+        loss, grad = self.head.forward_backward(embeddings, labels)     # collectives; host sync for loss
+        self.module.backward(out_grads=[grad])
+        self.module.update()                                            # allreduce of backbone grads
+        return loss
+
+    def get_params(self):
+        """(arg_params, aux_params) of the backbone, copied to the CPU."""
+        return self.module.get_params()

@@ -1,0 +1,254 @@
+"""The trainer: python -m mxnet_pfc.train [--dataset D --network N --loss L --FIELD VALUE ...]
+
+One process per device; launch several with `horovodrun ... bash config.sh` or
+`bash run.sh`. Without a launcher it trains alone (world size 1).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+
+import mxnet as mx
+from tqdm import tqdm
+
+import symbols
+
+from . import comm, config as config_lib
+from .data import synthetic
+from .data.iterators import DummyIter, RecordIter
+from .data.records import DataError
+from .eval.verification import BinFormatError, Verifier
+from .margin import CombinedMarginLoss
+from .module import LRSchedule, PartialFCModule
+from .partial_fc import PartialFC, PartialFCInputError
+
+log = logging.getLogger("mxnet_pfc")
+
+
+def setup_logging(output: str, rank: int) -> str:
+    """A log file per rank (OUTPUT/logs/rankR.log); rank 0 also prints to stdout."""
+    os.makedirs(os.path.join(output, "logs"), exist_ok=True)
+    path = os.path.join(output, "logs", f"rank{rank}.log")
+    formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%H:%M:%S")
+    handlers = [logging.FileHandler(path)]
+    if rank == 0:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    return path
+
+
+def choose_context(kind: str) -> mx.Context:
+    """GPU local_rank when there are GPUs (or when asked), else the CPU."""
+    gpus = mx.context.num_gpus()
+    if kind == "gpu" and gpus == 0:
+        raise RuntimeError("context = gpu, but MXNet sees no GPU")
+    if kind == "cpu" or gpus == 0:
+        return mx.cpu()
+    return mx.gpu(comm.local_rank() % gpus)
+
+
+def ensure_synthetic_set(cfg: config_lib.Config, wait_seconds: float = 1800) -> None:
+    """Generate the synthetic set once per host (local rank 0); the other local ranks wait for it."""
+    folder = os.path.dirname(cfg.rec) or "."
+    if synthetic.is_complete(folder):
+        return
+    if comm.local_rank() == 0:
+        log.info(f"generating the synthetic set in {folder} ({cfg.synthetic_identities} identities x "
+                 f"{cfg.synthetic_images_per_identity} images, held-out val.bin); done once")
+        started = time.time()
+        synthetic.generate(folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity)
+        log.info(f"synthetic set written in {time.time() - started:.0f} s")
+        return
+    deadline = time.time() + wait_seconds
+    while not synthetic.is_complete(folder):     # a file wait, not a collective: no stall warnings
+        if time.time() > deadline:
+            raise DataError(f"{folder}: the synthetic set did not appear within {wait_seconds:.0f} s")
+        time.sleep(1)
+
+
+class MetricsLog:
+    """Rank 0's figures: JSON lines in OUTPUT/metrics.jsonl and TensorBoard events (mxboard)."""
+
+    def __init__(self, output: str, tensorboard: bool):
+        self.path = os.path.join(output, "metrics.jsonl")
+        self._file = open(self.path, "a")
+        self._board = None
+        if tensorboard:
+            try:
+                from mxboard import SummaryWriter
+                self._board = SummaryWriter(logdir=os.path.join(output, "tensorboard"))
+            except Exception as error:     # mxboard is optional for training
+                log.warning(f"TensorBoard logging off: {error}")
+
+    def write(self, step: int, **values) -> None:
+        self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), **values}) + "\n")
+        self._file.flush()
+        if self._board is not None:
+            for name, value in values.items():
+                if isinstance(value, (int, float)):
+                    self._board.add_scalar(name, value, global_step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._board is not None:
+            self._board.close()
+
+
+def save_backbone(prefix: str, symbol: mx.sym.Symbol, arg_params, aux_params) -> None:
+    """PREFIX-symbol.json + PREFIX-0000.params, each written to a temporary name and renamed."""
+    tmp = f"{prefix}.tmp{os.getpid()}"
+    mx.model.save_checkpoint(tmp, 0, symbol, arg_params, aux_params)
+    os.replace(f"{tmp}-symbol.json", f"{prefix}-symbol.json")
+    os.replace(f"{tmp}-0000.params", f"{prefix}-0000.params")
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def build(cfg: config_lib.Config, rank: int, world: int):
+    """Data, context, head, module, verifier and schedule for this rank."""
+    if cfg.rec and cfg.synthetic_identities > 0:
+        ensure_synthetic_set(cfg)
+    ctx = choose_context(cfg.context)
+    if cfg.fp16 and ctx.device_type != "gpu":
+        raise config_lib.ConfigError("fp16 = True needs a GPU context (MXNet has no fast float16 convolutions on CPU)")
+    if cfg.rec:
+        data = RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
+                          image_size=(cfg.image_size, cfg.image_size), threads=cfg.decode_threads)
+        num_images = data.num_images
+    else:
+        num_images = cfg.num_images
+        data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, (cfg.image_size, cfg.image_size),
+                         steps_per_epoch=max(1, num_images // (cfg.batch_size * world)))
+    global_batch = cfg.batch_size * world
+    steps_per_epoch = data.steps_per_epoch
+    max_update = cfg.max_update or max(1, math.ceil(cfg.num_epoch * steps_per_epoch))
+    lr = cfg.lr * global_batch / cfg.lr_base_batch
+    schedule = LRSchedule(lr, max_update, cfg.lr_schedule, [round(e * steps_per_epoch) for e in cfg.decay_epochs],
+                          cfg.lr_factor, round(cfg.warmup_epochs * steps_per_epoch), cfg.poly_power)
+    margin = CombinedMarginLoss(cfg.margin_s, cfg.margin_m1, cfg.margin_m2, cfg.margin_m3)
+    head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx, lr=schedule(0),
+                     momentum=cfg.momentum, wd=cfg.weight_decay, seed=cfg.seed)
+    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
+    module = PartialFCModule(symbol, head, cfg.batch_size, ctx, cfg.momentum, cfg.weight_decay, cfg.fp16,
+                             cfg.image_size, cfg.seed)
+    verifier = None
+    if rank == 0 and cfg.val_targets:
+        verifier = Verifier(cfg.val_targets, symbols.get_symbol(cfg.network, cfg.embedding_size, 0.0, False)
+                            if not cfg.fp16 else symbol, ctx, cfg.val_batch_size, cfg.image_size)
+    plan = dict(num_images=num_images, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                max_update=max_update, lr=lr, context=str(ctx))
+    return data, head, module, verifier, schedule, symbol, plan
+
+
+def train(cfg: config_lib.Config) -> dict:
+    """Run the configured training on this rank; returns rank 0's final figures (others: {})."""
+    comm.init()
+    rank, world = comm.rank(), comm.size()
+    os.makedirs(cfg.output, exist_ok=True)
+    log_path = setup_logging(cfg.output, rank)
+    if rank == 0:
+        config_lib.save(cfg, os.path.join(cfg.output, "config.json"))
+        log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {cfg.output}/config.json):\n"
+                 + config_lib.describe(cfg))
+    error = None
+    try:
+        data, head, module, verifier, schedule, symbol, plan = build(cfg, rank, world)
+    except Exception as caught:         # every rank learns that setup failed somewhere
+        log.error(f"setup failed: {caught}")
+        error = caught
+    comm.raise_if_any_failed(error, "setup")
+    log.info(f"{head}; log file {log_path}")
+    if rank == 0:
+        log.info(f"{plan['num_images']} images, global batch {plan['global_batch']} = {cfg.batch_size} x {world} "
+                 f"ranks, {plan['steps_per_epoch']} steps/epoch, {plan['max_update']} steps, "
+                 f"peak lr {plan['lr']:.4g} ({cfg.lr_schedule}), context {plan['context']}")
+    metrics = MetricsLog(cfg.output, cfg.tensorboard) if rank == 0 else None
+    progress = tqdm(total=plan["max_update"], desc="train", unit="step", disable=rank != 0,
+                    mininterval=5, file=sys.stderr, dynamic_ncols=True)
+    results, loss, started = {}, float("nan"), time.time()
+    window_start, window_steps = time.time(), 0
+
+    def verify(step: int) -> dict:
+        if verifier is None:
+            return {}
+        began = time.time()
+        found = verifier.evaluate(*module.get_params())
+        for name, result in found.items():
+            log.info(f"step {step}: verification {name}: accuracy {result} ({time.time() - began:.1f} s)")
+            metrics.write(step, **{f"val/{name}/accuracy": result.accuracy, f"val/{name}/std": result.std})
+        return {name: vars(result) for name, result in found.items()}
+
+    try:
+        for step in range(plan["max_update"]):
+            batch = next(data)
+            lr = schedule(step)
+            loss = module.step(batch.data, batch.labels, lr)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"step {step + 1}: the loss is {loss}; stopping before it spreads")
+            window_steps += 1
+            progress.update(1)
+            done = step + 1
+            if done % cfg.frequent == 0 or done == plan["max_update"]:
+                elapsed = time.time() - window_start
+                per_rank = window_steps * cfg.batch_size / max(elapsed, 1e-9)
+                eta = (plan["max_update"] - done) * elapsed / window_steps
+                if rank == 0:
+                    log.info(f"step {done}/{plan['max_update']} epoch {batch.epoch} loss {loss:.4f} lr {lr:.5f} | "
+                             f"{per_rank:.1f} samples/s per rank, {per_rank * world:.1f} total | eta {format_duration(eta)}")
+                    metrics.write(done, epoch=batch.epoch, loss=loss, lr=lr, samples_per_sec_per_rank=per_rank,
+                                  samples_per_sec=per_rank * world)
+                window_start, window_steps = time.time(), 0
+            if done % cfg.verbose == 0 and done != plan["max_update"]:
+                verify(done)
+                window_start = time.time()      # throughput excludes evaluation
+        progress.close()
+        summary = {}
+        results = verify(plan["max_update"])
+        if rank == 0:
+            arg_params, aux_params = module.get_params()
+            save_backbone(os.path.join(cfg.output, "model"), symbol, arg_params, aux_params)
+            summary = dict(steps=plan["max_update"], final_loss=loss, seconds=round(time.time() - started, 1),
+                           verification=results)
+            metrics.write(plan["max_update"], summary=summary)
+            accuracies = ", ".join(f"{name} {r['accuracy']:.4f}" for name, r in results.items()) or "no sets"
+            log.info(f"done: {plan['max_update']} steps in {format_duration(time.time() - started)}, "
+                     f"final loss {loss:.4f}, verification: {accuracies}; "
+                     f"backbone saved as {cfg.output}/model-symbol.json + model-0000.params")
+        mx.nd.waitall()
+        comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 evaluates and saves
+        return summary
+    finally:
+        data.close()
+        if metrics is not None:
+            metrics.close()
+
+
+def main(argv=None) -> int:
+    try:
+        cfg = config_lib.parse_args(argv)
+    except config_lib.ConfigError as error:
+        print(f"mxnet_pfc.train: configuration error: {error}", file=sys.stderr)
+        return 2
+    try:
+        train(cfg)
+    except (DataError, BinFormatError, PartialFCInputError, config_lib.ConfigError, FloatingPointError,
+            RuntimeError) as error:
+        log.error(f"stopping: {error}")
+        print(f"rank {comm.rank()}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
