@@ -21,6 +21,6 @@ ROOT_ARGS=()
 [[ "$(id -u)" == 0 ]] && ROOT_ARGS=(--allow-run-as-root)
 # -x: environment every rank needs; config.sh sets the rest per rank
 exec mpirun "${ROOT_ARGS[@]}" -np "$NP" "${HOST_ARGS[@]}" --bind-to none --map-by slot --oversubscribe \
-    -x PATH -x LD_LIBRARY_PATH ${PYTHON:+-x PYTHON} ${PYTHONPATH:+-x PYTHONPATH} \
+    -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} ${PYTHON:+-x PYTHON} ${PYTHONPATH:+-x PYTHONPATH} \
     --mca pml ob1 --mca btl ^openib \
     bash "$REPO/config.sh" "$@"

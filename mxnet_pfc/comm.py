@@ -137,3 +137,13 @@ def raise_if_any_failed(error: "BaseException | None", what: str) -> None:
         raise error
     if failed:
         raise RuntimeError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see their logs")
+
+
+def shutdown() -> None:
+    """Stop Horovod's background thread after the last collective, before the interpreter exits.
+
+    Leaving it to the exit handlers races MXNet's own shutdown (seen as crashes at exit under mpirun).
+    """
+    if _hvd is not None:
+        mx.nd.waitall()
+        _hvd.shutdown()

@@ -207,6 +207,8 @@ def validate(config: Config) -> None:
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
     require(config.rec or config.num_images > 0, "num_images", "dummy data (rec = '') needs num_images > 0")
     require(config.margin_s > 0, "margin_s", "must be positive")
+    require(config.synthetic_identities in (0, config.num_classes), "synthetic_identities",
+            f"a generated set has one class per identity: must equal num_classes ({config.num_classes}) or be 0")
 
 
 def parse_args(argv=None) -> Config:

@@ -58,7 +58,8 @@ def choose_context(kind: str) -> mx.Context:
 def ensure_synthetic_set(cfg: config_lib.Config, wait_seconds: float = 1800) -> None:
     """Generate the synthetic set once per host (local rank 0); the other local ranks wait for it."""
     folder = os.path.dirname(cfg.rec) or "."
-    if synthetic.is_complete(folder):
+    wanted = (folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity)
+    if synthetic.is_complete(*wanted):
         return
     if comm.local_rank() == 0:
         log.info(f"generating the synthetic set in {folder} ({cfg.synthetic_identities} identities x "
@@ -68,7 +69,7 @@ def ensure_synthetic_set(cfg: config_lib.Config, wait_seconds: float = 1800) -> 
         log.info(f"synthetic set written in {time.time() - started:.0f} s")
         return
     deadline = time.time() + wait_seconds
-    while not synthetic.is_complete(folder):     # a file wait, not a collective: no stall warnings
+    while not synthetic.is_complete(*wanted):     # a file wait, not a collective: no stall warnings
         if time.time() > deadline:
             raise DataError(f"{folder}: the synthetic set did not appear within {wait_seconds:.0f} s")
         time.sleep(1)
@@ -242,6 +243,7 @@ def main(argv=None) -> int:
         return 2
     try:
         train(cfg)
+        comm.shutdown()
     except (DataError, BinFormatError, PartialFCInputError, config_lib.ConfigError, FloatingPointError,
             RuntimeError) as error:
         log.error(f"stopping: {error}")

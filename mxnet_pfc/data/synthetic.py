@@ -136,14 +136,25 @@ def generate(folder: str, identities: int = 1000, images_per_identity: int = 20,
 
     COMPLETE is written last: a folder without it is unfinished.
     """
+    stale = os.path.join(folder, COMPLETE)
+    if os.path.exists(stale):
+        os.remove(stale)
     write_training_set(folder, identities, images_per_identity, seed)
     write_verification_set(os.path.join(folder, "val.bin"), val_identities, val_pairs, seed + 1_000_003)
     with open(os.path.join(folder, COMPLETE), "w") as f:
-        f.write(f"identities={identities} images_per_identity={images_per_identity} seed={seed}\n")
+        f.write(_stamp(identities, images_per_identity, seed))
 
 
-def is_complete(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, COMPLETE))
+def _stamp(identities: int, images_per_identity: int, seed: int) -> str:
+    return f"identities={identities} images_per_identity={images_per_identity} seed={seed}\n"
+
+
+def is_complete(folder: str, identities: int, images_per_identity: int, seed: int = 0) -> bool:
+    """True when `folder` holds a finished set generated with these parameters."""
+    try:
+        return open(os.path.join(folder, COMPLETE)).read() == _stamp(identities, images_per_identity, seed)
+    except OSError:
+        return False
 
 
 def main(argv=None) -> None:
