@@ -45,8 +45,10 @@ def test_perfect_and_useless_embeddings():
     # same pairs: (e_i, e_i), distance 0; different pairs: (e_i, e_{i+100}), distance 2
     perfect = np.concatenate([[basis[i], basis[i] if same else basis[i + 100]] for i, same in enumerate(issame)])
     assert ten_fold_accuracy(perfect, issame).accuracy == 1.0
-    constant = np.ones((200, 4)) / 2
-    assert ten_fold_accuracy(constant, issame).accuracy == pytest.approx(0.5)
+    # constant embeddings carry no information: no better than always answering the majority
+    issame = np.array([True, True, False] * 40)
+    constant = np.ones((240, 4)) / 2
+    assert ten_fold_accuracy(constant, issame).accuracy <= 2 / 3 + 1e-9
 
 
 def test_embed_pairs_adds_the_flip_and_normalises():
