@@ -5,7 +5,7 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup test run bench clean-venv
+.PHONY: setup test run run-head bench clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -13,7 +13,10 @@ setup:                       ## create/refresh the virtual environment (idempote
 test: setup                  ## the whole test suite (what .ci/run calls)
 	$(PY) -m pytest tests
 
-run: setup                   ## the head on synthetic embeddings, $(NP) ranks on localhost (CPU)
+run: setup                   ## train the built-in default (synthetic set, $(NP) ranks on localhost, CPU)
+	$(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) bash config.sh $(ARGS)
+
+run-head: setup              ## the head alone on synthetic embeddings, $(NP) ranks
 	OMP_NUM_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
 		$(PY) benchmarks/bench_head.py $(ARGS)
 

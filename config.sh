@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Per-rank environment, then the trainer; every argument passes through.
 #   horovodrun -np 2 -H localhost:2 bash config.sh                 # the synthetic default
-#   horovodrun -np 16 -H ip1:8,ip2:8 bash config.sh --dataset emore --network r100
+#   horovodrun -np 16 -H ip1:8,ip2:8 bash config.sh -- --dataset emore --network r100
+# horovodrun takes options it knows by prefix even after the command (--network would be
+# read as its --network-interface), so trainer options go after "--"; it is dropped here.
 set -euo pipefail
+if [[ "${1:-}" == "--" ]]; then shift; fi
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi

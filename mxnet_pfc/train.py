@@ -58,14 +58,15 @@ def choose_context(kind: str) -> mx.Context:
 def ensure_synthetic_set(cfg: config_lib.Config, wait_seconds: float = 1800) -> None:
     """Generate the synthetic set once per host (local rank 0); the other local ranks wait for it."""
     folder = os.path.dirname(cfg.rec) or "."
-    wanted = (folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity)
+    wanted = (folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs)
     if synthetic.is_complete(*wanted):
         return
     if comm.local_rank() == 0:
         log.info(f"generating the synthetic set in {folder} ({cfg.synthetic_identities} identities x "
                  f"{cfg.synthetic_images_per_identity} images, held-out val.bin); done once")
         started = time.time()
-        synthetic.generate(folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity)
+        synthetic.generate(folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity,
+                           val_identities=max(2, cfg.synthetic_val_pairs // 4), val_pairs=cfg.synthetic_val_pairs)
         log.info(f"synthetic set written in {time.time() - started:.0f} s")
         return
     deadline = time.time() + wait_seconds
@@ -191,6 +192,8 @@ def train(cfg: config_lib.Config) -> dict:
         return {name: vars(result) for name, result in found.items()}
 
     try:
+        if cfg.val_at_start:
+            verify(0)
         for step in range(plan["max_update"]):
             batch = next(data)
             lr = schedule(step)
@@ -245,7 +248,7 @@ def main(argv=None) -> int:
         train(cfg)
         comm.shutdown()
     except (DataError, BinFormatError, PartialFCInputError, config_lib.ConfigError, FloatingPointError,
-            RuntimeError) as error:
+            RuntimeError, OSError) as error:
         log.error(f"stopping: {error}")
         print(f"rank {comm.rank()}: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

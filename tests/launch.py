@@ -20,8 +20,13 @@ def rank_env() -> dict:
 
 def run_ranks(world_size: int, args: list, timeout: float, env: "dict | None" = None) -> subprocess.CompletedProcess:
     """horovodrun --gloo -np W -H localhost:W python ARGS; killed whole after `timeout` s."""
-    cmd = [HOROVODRUN, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
-           sys.executable, *map(str, args)]
+    return run_command([HOROVODRUN, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
+                        sys.executable, *args], timeout, env)
+
+
+def run_command(cmd: list, timeout: float, env: "dict | None" = None) -> subprocess.CompletedProcess:
+    """CMD in the repository with the ranks' environment; its process group killed after `timeout` s."""
+    cmd = [str(part) for part in cmd]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**rank_env(), **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -29,5 +34,5 @@ def run_ranks(world_size: int, args: list, timeout: float, env: "dict | None" = 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"{world_size} ranks did not finish in {timeout} s; output:\n{out[-4000:]}")
+        raise AssertionError(f"{' '.join(cmd[:8])} ... did not finish in {timeout} s; output:\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)

@@ -12,9 +12,10 @@ from mxnet_pfc.module import LRSchedule
 
 def test_default_is_the_synthetic_cpu_run():
     c = cfg.parse_args([])
-    assert (c.dataset, c.network, c.loss) == ("synthetic", "r18-lite", "cosface")
-    assert (c.margin_m2, c.margin_m3) == (0.0, 0.4)
-    assert c.output == "output/synthetic_r18-lite_cosface"
+    assert (c.dataset, c.network, c.loss) == ("synthetic", "r18-lite", "cosface-small")
+    assert (c.margin_s, c.margin_m2, c.margin_m3) == (32.0, 0.0, 0.2)
+    assert c.output == "output/synthetic_r18-lite_cosface-small"
+    assert cfg.parse_args(["--loss", "cosface"]).margin_m3 == 0.4
 
 
 def test_presets_then_command_line_win():

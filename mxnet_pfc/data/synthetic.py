@@ -1,9 +1,11 @@
 """A synthetic face-like data set: identities are random draws of a parametric face.
 
-Each identity is a parameter vector (colours of background, skin, hair, eyes and
-mouth; face shape; positions and sizes of eyes, nose and mouth; a skin texture).
-Each image of it adds nuisance the model must learn to ignore: shift, scale,
-rotation, brightness, colour cast and pixel noise. A model that learns to read
+Each identity is a parameter vector (colours of skin, hair, eyes and mouth; face
+shape; positions and sizes of eyes, nose and mouth; a skin texture). Each image
+of it adds nuisance the model must learn to ignore: background, shift, scale,
+rotation, lighting (brightness and a gain per colour channel), colour cast and
+pixel noise. The nuisance is strong enough that an untrained network does
+little better than chance on held-out pairs. A model that learns to read
 the parameters generalises to identities it never saw, which is what the
 held-out verification .bin measures.
 
@@ -26,14 +28,15 @@ from .records import RecordWriter
 
 SIZE = 112
 COMPLETE = "COMPLETE"
+VERSION = 4           # of the image family: a set made by another version is made again
 RENDER_SIZE = 56      # shapes are drawn at half resolution, then resized (4x less work)
 # identity parameters: name -> (low, high) of a uniform draw
 PARAMETERS = {
-    "bg": (0.0, 1.0, 3), "skin": (0.15, 1.0, 3), "hair": (0.0, 0.8, 3), "eye": (0.0, 0.6, 3), "mouth": (0.2, 1.0, 3),
+    "skin": (0.15, 1.0, 3), "hair": (0.0, 0.8, 3), "eye": (0.0, 0.6, 3), "mouth": (0.2, 1.0, 3),
     "face_w": (0.45, 0.72, 1), "face_h": (0.62, 0.88, 1), "hairline": (-0.75, -0.2, 1),
-    "eye_y": (-0.3, 0.05, 1), "eye_dx": (0.18, 0.4, 1), "eye_r": (0.05, 0.14, 1),
-    "nose": (0.08, 0.3, 1), "mouth_y": (0.32, 0.6, 1), "mouth_w": (0.12, 0.38, 1), "mouth_h": (0.03, 0.1, 1),
-    "stripe_freq": (2.0, 9.0, 1), "stripe_angle": (0.0, np.pi, 1), "stripe_amp": (0.0, 0.35, 1),
+    "eye_y": (-0.3, 0.05, 1), "eye_dx": (0.18, 0.4, 1), "eye_r": (0.07, 0.18, 1),
+    "nose": (0.1, 0.35, 1), "mouth_y": (0.32, 0.6, 1), "mouth_w": (0.15, 0.42, 1), "mouth_h": (0.05, 0.13, 1),
+    "stripe_freq": (2.0, 9.0, 1), "stripe_angle": (0.0, np.pi, 1), "stripe_amp": (0.1, 0.4, 1),
 }
 
 
@@ -48,15 +51,15 @@ def _soft(inside: np.ndarray, sharpness: float = 40.0) -> np.ndarray:
 
 def render(ids: "dict[str, np.ndarray]", rng: np.random.Generator) -> np.ndarray:
     """One image per row of `ids`: uint8 (M, SIZE, SIZE, 3), with random nuisance."""
-    m = len(ids["bg"])
+    m = len(ids["skin"])
     ids = {name: value.astype(np.float32) for name, value in ids.items()}
     draw = lambda low, high, shape: rng.uniform(low, high, size=shape).astype(np.float32)
     grid = ((np.arange(RENDER_SIZE, dtype=np.float32) + 0.5) / RENDER_SIZE * 2 - 1)
     gy, gx = np.meshgrid(grid, grid, indexing="ij")
     # nuisance: shift, scale, rotation -> face coordinates (u, v) of every pixel
     shift = draw(-0.08, 0.08, (m, 2, 1, 1))
-    scale = draw(0.92, 1.08, (m, 1, 1))
-    angle = draw(-0.14, 0.14, (m, 1, 1))
+    scale = draw(0.9, 1.1, (m, 1, 1))
+    angle = draw(-0.17, 0.17, (m, 1, 1))
     x, y = gx[None] - shift[:, 0], gy[None] - shift[:, 1]
     u = (np.cos(angle) * x + np.sin(angle) * y) / scale
     v = (-np.sin(angle) * x + np.cos(angle) * y) / scale
@@ -72,14 +75,16 @@ def render(ids: "dict[str, np.ndarray]", rng: np.random.Generator) -> np.ndarray
     def paint(base, mask, colour):
         return base * (1 - mask[:, None]) + colour * mask[:, None]
 
-    image = np.broadcast_to(p["bg"] * (0.85 + 0.15 * v[:, None]), (m, 3, RENDER_SIZE, RENDER_SIZE))
+    # nuisance: a background of random colour and gradient direction per image
+    background, slope = draw(0.0, 1.0, (m, 3, 1, 1)), draw(-0.3, 0.3, (m, 2, 1, 1))
+    image = background * (1 + slope[:, :1] * gx[None, None] + slope[:, 1:] * gy[None, None])
     image = paint(image, face, p["skin"] * (1 + stripes[:, None]))
     image = paint(image, hair, p["hair"])
     image = paint(image, np.clip(eyes, 0, 1), p["eye"])
     image = paint(image, nose, p["skin"] * 0.7)
     image = paint(image, mouth, p["mouth"])
-    # nuisance: brightness, colour cast, noise
-    image = image * draw(0.8, 1.2, (m, 1, 1, 1)) + draw(-0.06, 0.06, (m, 3, 1, 1))
+    # nuisance: lighting (brightness and colour temperature: a gain per channel), colour cast, noise
+    image = image * draw(0.8, 1.2, (m, 1, 1, 1)) * draw(0.85, 1.15, (m, 3, 1, 1)) + draw(-0.05, 0.05, (m, 3, 1, 1))
     image += rng.standard_normal(size=image.shape, dtype=np.float32) * 0.04
     image = np.stack([cv2.resize(one, (SIZE, SIZE), interpolation=cv2.INTER_LINEAR)
                       for one in image.transpose(0, 2, 3, 1)])
@@ -130,8 +135,8 @@ def write_verification_set(path: str, identities: int, pairs: int, seed: int) ->
     os.replace(tmp, path)
 
 
-def generate(folder: str, identities: int = 1000, images_per_identity: int = 20, val_identities: int = 500,
-             val_pairs: int = 2000, seed: int = 0) -> None:
+def generate(folder: str, identities: int = 500, images_per_identity: int = 32, val_identities: int = 250,
+             val_pairs: int = 1000, seed: int = 0) -> None:
     """The training set and the held-out verification set (different seeds: disjoint identities).
 
     COMPLETE is written last: a folder without it is unfinished.
@@ -142,17 +147,18 @@ def generate(folder: str, identities: int = 1000, images_per_identity: int = 20,
     write_training_set(folder, identities, images_per_identity, seed)
     write_verification_set(os.path.join(folder, "val.bin"), val_identities, val_pairs, seed + 1_000_003)
     with open(os.path.join(folder, COMPLETE), "w") as f:
-        f.write(_stamp(identities, images_per_identity, seed))
+        f.write(_stamp(identities, images_per_identity, val_pairs, seed))
 
 
-def _stamp(identities: int, images_per_identity: int, seed: int) -> str:
-    return f"identities={identities} images_per_identity={images_per_identity} seed={seed}\n"
+def _stamp(identities: int, images_per_identity: int, val_pairs: int, seed: int) -> str:
+    return (f"version={VERSION} identities={identities} images_per_identity={images_per_identity} "
+            f"val_pairs={val_pairs} seed={seed}\n")
 
 
-def is_complete(folder: str, identities: int, images_per_identity: int, seed: int = 0) -> bool:
+def is_complete(folder: str, identities: int, images_per_identity: int, val_pairs: int = 1000, seed: int = 0) -> bool:
     """True when `folder` holds a finished set generated with these parameters."""
     try:
-        return open(os.path.join(folder, COMPLETE)).read() == _stamp(identities, images_per_identity, seed)
+        return open(os.path.join(folder, COMPLETE)).read() == _stamp(identities, images_per_identity, val_pairs, seed)
     except OSError:
         return False
 
@@ -160,10 +166,10 @@ def is_complete(folder: str, identities: int, images_per_identity: int, seed: in
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="output/data/synthetic", help="folder to write (default: %(default)s)")
-    parser.add_argument("--identities", type=int, default=1000, help="training identities (default: %(default)s)")
-    parser.add_argument("--images-per-identity", type=int, default=20, help="(default: %(default)s)")
-    parser.add_argument("--val-identities", type=int, default=500, help="held-out identities (default: %(default)s)")
-    parser.add_argument("--val-pairs", type=int, default=2000, help="verification pairs (default: %(default)s)")
+    parser.add_argument("--identities", type=int, default=500, help="training identities (default: %(default)s)")
+    parser.add_argument("--images-per-identity", type=int, default=32, help="(default: %(default)s)")
+    parser.add_argument("--val-identities", type=int, default=250, help="held-out identities (default: %(default)s)")
+    parser.add_argument("--val-pairs", type=int, default=1000, help="verification pairs (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     args = parser.parse_args(argv)
     generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
