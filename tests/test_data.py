@@ -167,14 +167,15 @@ def test_pack_tool_refuses_wrong_sizes_unless_resizing(tmp_path, capsys):
 
 def test_synthetic_set_has_the_layout_and_learnable_identities(tmp_path):
     synthetic.generate(str(tmp_path), identities=12, images_per_identity=4, val_identities=10, val_pairs=40)
-    assert synthetic.is_complete(str(tmp_path), 12, 4) and not synthetic.is_complete(str(tmp_path), 12, 5)
+    assert synthetic.is_complete(str(tmp_path), 12, 4, 40) and not synthetic.is_complete(str(tmp_path), 12, 5, 40)
     assert read_property(str(tmp_path)) == (12, 112, 112)
     it = RecordIter(str(tmp_path / "train.rec"), batch_size=48, num_classes=12, rand_mirror=False)
     batch = next(it)
     it.close()
-    # identity shows in the pixels: images of one identity are closer than images of two
+    # identity shows in the pixels, but the nuisance dominates them: images of one identity are
+    # only somewhat closer than images of two (a model must learn what to look at)
     x = batch.data.asnumpy().reshape(48, -1)
     distance = ((x[:, None] - x[None]) ** 2).mean(axis=2)
     same = batch.labels[:, None] == batch.labels[None]
     off_diagonal = ~np.eye(48, dtype=bool)
-    assert distance[same & off_diagonal].mean() < 0.7 * distance[~same].mean()
+    assert 0.5 < distance[same & off_diagonal].mean() / distance[~same].mean() < 0.95
