@@ -5,6 +5,9 @@
 # ranks (default 2) run on this machine.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,5s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; echo; exec bash "$REPO/config.sh" --help
+fi
 NP="${NP:-}"
 HOST_ARGS=()
 if [[ -n "${HOSTFILE:-}" ]]; then

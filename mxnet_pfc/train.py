@@ -56,8 +56,13 @@ def choose_context(kind: str) -> mx.Context:
 
 
 def ensure_synthetic_set(cfg: config_lib.Config, wait_seconds: float = 1800) -> None:
-    """Generate the synthetic set once per host (local rank 0); the other local ranks wait for it."""
+    """Generate the synthetic set once per host (local rank 0); the other local ranks wait for it.
+
+    The wait is on files, not a collective (no stall warnings). A failed
+    generation leaves FAILED with its reason, so the waiting ranks stop at once.
+    """
     folder = os.path.dirname(cfg.rec) or "."
+    failed = os.path.join(folder, "FAILED")
     wanted = (folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs)
     if synthetic.is_complete(*wanted):
         return
@@ -65,12 +70,22 @@ def ensure_synthetic_set(cfg: config_lib.Config, wait_seconds: float = 1800) -> 
         log.info(f"generating the synthetic set in {folder} ({cfg.synthetic_identities} identities x "
                  f"{cfg.synthetic_images_per_identity} images, held-out val.bin); done once")
         started = time.time()
-        synthetic.generate(folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity,
-                           val_identities=max(2, cfg.synthetic_val_pairs // 4), val_pairs=cfg.synthetic_val_pairs)
+        os.makedirs(folder, exist_ok=True)
+        if os.path.exists(failed):
+            os.remove(failed)
+        try:
+            synthetic.generate(folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity,
+                               val_identities=max(2, cfg.synthetic_val_pairs // 4), val_pairs=cfg.synthetic_val_pairs)
+        except Exception as error:
+            with open(failed, "w") as f:
+                f.write(f"{type(error).__name__}: {error}\n")
+            raise
         log.info(f"synthetic set written in {time.time() - started:.0f} s")
         return
     deadline = time.time() + wait_seconds
-    while not synthetic.is_complete(*wanted):     # a file wait, not a collective: no stall warnings
+    while not synthetic.is_complete(*wanted):
+        if os.path.exists(failed):
+            raise DataError(f"{folder}: generating the synthetic set failed on local rank 0: {open(failed).read().strip()}")
         if time.time() > deadline:
             raise DataError(f"{folder}: the synthetic set did not appear within {wait_seconds:.0f} s")
         time.sleep(1)

@@ -70,3 +70,17 @@ def test_run_sh_trains_with_mpirun(tmp_path):
                        timeout=180, env={"NP": "2"})
     assert code == 0, out[-4000:]
     assert "step 3/3" in out and "2 rank(s)" in out
+
+
+def test_waiting_ranks_stop_when_generation_failed(tmp_path, monkeypatch):
+    from mxnet_pfc import comm, config, train
+    from mxnet_pfc.data.records import DataError
+
+    cfg = config.parse_args(["--rec", str(tmp_path / "train.rec"), "--val_targets", str(tmp_path / "val.bin")])
+    monkeypatch.setattr(comm, "local_rank", lambda: 1)       # a rank that waits for local rank 0
+    (tmp_path / "FAILED").write_text("OSError: disk full\n")
+    with pytest.raises(DataError, match="failed on local rank 0: OSError: disk full"):
+        train.ensure_synthetic_set(cfg, wait_seconds=30)
+    (tmp_path / "FAILED").unlink()
+    with pytest.raises(DataError, match="did not appear within 1 s"):
+        train.ensure_synthetic_set(cfg, wait_seconds=1)

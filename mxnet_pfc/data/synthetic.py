@@ -164,7 +164,8 @@ def is_complete(folder: str, identities: int, images_per_identity: int, val_pair
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.data.synthetic", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="output/data/synthetic", help="folder to write (default: %(default)s)")
     parser.add_argument("--identities", type=int, default=500, help="training identities (default: %(default)s)")
     parser.add_argument("--images-per-identity", type=int, default=32, help="(default: %(default)s)")
