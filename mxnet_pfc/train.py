@@ -194,7 +194,7 @@ def train(cfg: config_lib.Config) -> dict:
     progress = tqdm(total=plan["max_update"], desc="train", unit="step", disable=rank != 0,
                     mininterval=5, file=sys.stderr, dynamic_ncols=True)
     results, loss, started = {}, float("nan"), time.time()
-    window_start, window_steps = time.time(), 0
+    window_start, window_steps, window_wait = time.time(), 0, 0.0
 
     def verify(step: int) -> dict:
         if verifier is None:
@@ -210,7 +210,9 @@ def train(cfg: config_lib.Config) -> dict:
         if cfg.val_at_start:
             verify(0)
         for step in range(plan["max_update"]):
-            batch = next(data)
+            fetch_started = time.time()
+            batch = next(data)            # waits only when decoding falls behind
+            window_wait += time.time() - fetch_started
             lr = schedule(step)
             loss = module.step(batch.data, batch.labels, lr)
             if not math.isfinite(loss):
@@ -222,12 +224,14 @@ def train(cfg: config_lib.Config) -> dict:
                 elapsed = time.time() - window_start
                 per_rank = window_steps * cfg.batch_size / max(elapsed, 1e-9)
                 eta = (plan["max_update"] - done) * elapsed / window_steps
+                data_wait = window_wait / max(elapsed, 1e-9)
                 if rank == 0:
                     log.info(f"step {done}/{plan['max_update']} epoch {batch.epoch} loss {loss:.4f} lr {lr:.5f} | "
-                             f"{per_rank:.1f} samples/s per rank, {per_rank * world:.1f} total | eta {format_duration(eta)}")
+                             f"{per_rank:.1f} samples/s per rank, {per_rank * world:.1f} total | "
+                             f"data wait {data_wait:.0%} | eta {format_duration(eta)}")
                     metrics.write(done, epoch=batch.epoch, loss=loss, lr=lr, samples_per_sec_per_rank=per_rank,
-                                  samples_per_sec=per_rank * world)
-                window_start, window_steps = time.time(), 0
+                                  samples_per_sec=per_rank * world, data_wait_fraction=data_wait)
+                window_start, window_steps, window_wait = time.time(), 0, 0.0
             if done % cfg.verbose == 0 and done != plan["max_update"]:
                 verify(done)
                 window_start = time.time()      # throughput excludes evaluation
