@@ -132,8 +132,11 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def build(cfg: config_lib.Config, rank: int, world: int):
-    """Data, context, head, module, verifier and schedule for this rank."""
+def build_local(cfg: config_lib.Config, rank: int, world: int):
+    """What this rank sets up without collectives: data, context, schedule, symbol, verifier.
+
+    Kept apart so that a failure here is agreed on before any collective starts.
+    """
     if cfg.rec and cfg.synthetic_identities > 0:
         ensure_synthetic_set(cfg)
     ctx = choose_context(cfg.context)
@@ -153,19 +156,24 @@ def build(cfg: config_lib.Config, rank: int, world: int):
     lr = cfg.lr * global_batch / cfg.lr_base_batch
     schedule = LRSchedule(lr, max_update, cfg.lr_schedule, [round(e * steps_per_epoch) for e in cfg.decay_epochs],
                           cfg.lr_factor, round(cfg.warmup_epochs * steps_per_epoch), cfg.poly_power)
+    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
+    verifier = None
+    if rank == 0 and cfg.val_targets:
+        eval_symbol = symbol if cfg.fp16 else symbols.get_symbol(cfg.network, cfg.embedding_size, 0.0, False)
+        verifier = Verifier(cfg.val_targets, eval_symbol, ctx, cfg.val_batch_size, cfg.image_size)
+    plan = dict(num_images=num_images, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                max_update=max_update, lr=lr, context=str(ctx))
+    return ctx, data, schedule, symbol, verifier, plan
+
+
+def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
+    """The head and the module: their constructors run collectives (checks, broadcast)."""
     margin = CombinedMarginLoss(cfg.margin_s, cfg.margin_m1, cfg.margin_m2, cfg.margin_m3)
     head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx, lr=schedule(0),
                      momentum=cfg.momentum, wd=cfg.weight_decay, seed=cfg.seed)
-    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
     module = PartialFCModule(symbol, head, cfg.batch_size, ctx, cfg.momentum, cfg.weight_decay, cfg.fp16,
                              cfg.image_size, cfg.seed)
-    verifier = None
-    if rank == 0 and cfg.val_targets:
-        verifier = Verifier(cfg.val_targets, symbols.get_symbol(cfg.network, cfg.embedding_size, 0.0, False)
-                            if not cfg.fp16 else symbol, ctx, cfg.val_batch_size, cfg.image_size)
-    plan = dict(num_images=num_images, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
-                max_update=max_update, lr=lr, context=str(ctx))
-    return data, head, module, verifier, schedule, symbol, plan
+    return head, module
 
 
 def train(cfg: config_lib.Config) -> dict:
@@ -180,11 +188,12 @@ def train(cfg: config_lib.Config) -> dict:
                  + config_lib.describe(cfg))
     error = None
     try:
-        data, head, module, verifier, schedule, symbol, plan = build(cfg, rank, world)
+        ctx, data, schedule, symbol, verifier, plan = build_local(cfg, rank, world)
     except Exception as caught:         # every rank learns that setup failed somewhere
         log.error(f"setup failed: {caught}")
         error = caught
     comm.raise_if_any_failed(error, "setup")
+    head, module = build_distributed(cfg, ctx, schedule, symbol)
     log.info(f"{head}; log file {log_path}")
     if rank == 0:
         log.info(f"{plan['num_images']} images, global batch {plan['global_batch']} = {cfg.batch_size} x {world} "
