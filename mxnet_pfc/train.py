@@ -202,7 +202,7 @@ def train(cfg: config_lib.Config) -> dict:
     metrics = MetricsLog(cfg.output, cfg.tensorboard) if rank == 0 else None
     progress = tqdm(total=plan["max_update"], desc="train", unit="step", disable=rank != 0,
                     mininterval=5, file=sys.stderr, dynamic_ncols=True)
-    results, loss, started = {}, float("nan"), time.time()
+    loss, started = float("nan"), time.time()
     window_start, window_steps, window_wait = time.time(), 0, 0.0
 
     def verify(step: int) -> dict:

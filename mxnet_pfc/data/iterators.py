@@ -26,6 +26,14 @@ class Batch(NamedTuple):
     epoch: int
 
 
+def steps_in_epoch(num_images: int, batch_size: int, world_size: int) -> int:
+    """Full global batches in one epoch; the tail that does not fill one waits for the next epoch."""
+    steps = num_images // (batch_size * world_size)
+    if steps == 0:
+        raise DataError(f"{num_images} images cannot fill one global batch of {batch_size} x {world_size} ranks")
+    return steps
+
+
 def epoch_order(num_images: int, batch_size: int, rank: int, world_size: int, seed: int, epoch: int) -> np.ndarray:
     """Positions (into the image list) that `rank` reads in `epoch`, shape (steps, batch_size).
 
@@ -35,11 +43,8 @@ def epoch_order(num_images: int, batch_size: int, rank: int, world_size: int, se
     not fill a global batch is left for that epoch: every rank runs the same
     number of steps, which the collectives need.
     """
-    global_batch = batch_size * world_size
-    steps = num_images // global_batch
-    if steps == 0:
-        raise DataError(f"{num_images} images cannot fill one global batch of {batch_size} x {world_size} ranks")
-    order = np.random.default_rng([seed, epoch]).permutation(num_images)[:steps * global_batch]
+    steps = steps_in_epoch(num_images, batch_size, world_size)
+    order = np.random.default_rng([seed, epoch]).permutation(num_images)[:steps * batch_size * world_size]
     return order.reshape(steps, world_size, batch_size)[:, rank]
 
 
@@ -62,7 +67,7 @@ class RecordIter:
         if self.records.num_identities is not None and self.records.num_identities > num_classes:
             raise DataError(f"{rec_path}: the header lists {self.records.num_identities} identities, "
                             f"more than num_classes = {num_classes}")
-        self.steps_per_epoch = len(epoch_order(len(self.records.image_records), batch_size, rank, world_size, seed, 0))
+        self.steps_per_epoch = steps_in_epoch(self.num_images, batch_size, world_size)
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")

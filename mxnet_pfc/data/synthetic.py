@@ -101,15 +101,19 @@ def _select(ids: "dict[str, np.ndarray]", rows: np.ndarray) -> "dict[str, np.nda
     return {name: value[rows] for name, value in ids.items()}
 
 
-def write_training_set(folder: str, identities: int, images_per_identity: int, seed: int, chunk: int = 256) -> None:
+def _rendered(ids: "dict[str, np.ndarray]", rows: np.ndarray, rng: np.random.Generator, desc: str, chunk: int = 256):
+    """One image of identity rows[i] for each i, in order, rendered `chunk` at a time (bounded memory)."""
+    for start in tqdm(range(0, len(rows), chunk), desc=desc, unit="chunk", leave=False):
+        yield from render(_select(ids, rows[start:start + chunk]), rng)
+
+
+def write_training_set(folder: str, identities: int, images_per_identity: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     ids = draw_identities(rng, identities)
     labels = np.repeat(np.arange(identities), images_per_identity)
     writer = RecordWriter(folder, len(labels), identities)
-    for start in tqdm(range(0, len(labels), chunk), desc="train.rec", unit="chunk", leave=False):
-        rows = labels[start:start + chunk]
-        for label, image in zip(rows, render(_select(ids, rows), rng)):
-            writer.add(int(label), encode(image))
+    for label, image in zip(labels, _rendered(ids, labels, rng, "train.rec")):
+        writer.add(int(label), encode(image))
     writer.close((SIZE, SIZE))
 
 
@@ -127,8 +131,7 @@ def write_verification_set(path: str, identities: int, pairs: int, seed: int) ->
     order = rng.permutation(len(issame))
     left, right, issame = left[order], right[order], [issame[i] for i in order]
     rows = np.stack([left, right], axis=1).ravel()              # pair i -> images 2i, 2i+1
-    images = np.concatenate([render(_select(ids, rows[s:s + 256]), rng) for s in range(0, len(rows), 256)])
-    bins = [encode(image) for image in images]
+    bins = [encode(image) for image in _rendered(ids, rows, rng, "val.bin")]
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         pickle.dump((bins, issame), f, protocol=pickle.HIGHEST_PROTOCOL)
