@@ -72,6 +72,9 @@ class Config:
     val_batch_size: int = 64
     tensorboard: bool = True
     val_at_start: bool = False         # also verify the initial model (a baseline)
+    save_interval: int = 2000          # checkpoint every this many steps (and at the end); 0: only at the end
+    keep_checkpoints: int = 3          # the newest this many are kept in OUTPUT/checkpoints
+    resume: str = ""                   # latest | a step | a checkpoint folder: continue that run
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -95,7 +98,7 @@ DATASETS = {
                       val_targets=("output/data/synthetic/val.bin",), synthetic_identities=500,
                       synthetic_images_per_identity=32, network="r18-lite", loss="cosface-small",
                       batch_size=32, lr=0.05, lr_base_batch=64, num_epoch=1, lr_schedule="poly",
-                      warmup_epochs=0.1, frequent=25, verbose=125),
+                      warmup_epochs=0.1, frequent=25, verbose=125, save_interval=125),
     # dummy data, no I/O: step time and memory at large identity counts
     "speed-1m": dict(rec="", num_classes=1_000_000, num_images=100_000, val_targets=(), max_update=200, frequent=10),
     "speed-10m": dict(rec="", num_classes=10_000_000, num_images=100_000, val_targets=(), max_update=200,
@@ -208,6 +211,8 @@ def validate(config: Config) -> None:
     require(config.context in ("auto", "cpu", "gpu"), "context", "must be auto, cpu or gpu")
     require(config.frequent >= 1, "frequent", "must be at least 1")
     require(config.verbose >= 1, "verbose", "must be at least 1")
+    require(config.save_interval >= 0, "save_interval", "must be non-negative (0: save only at the end)")
+    require(config.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1")
     require(config.image_size == 112, "image_size", "the backbones take 112x112 faces")
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
     require(config.rec or config.num_images > 0, "num_images", "dummy data (rec = '') needs num_images > 0")

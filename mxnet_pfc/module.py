@@ -83,5 +83,11 @@ class PartialFCModule:
         return loss
 
     def get_params(self):
-        """(arg_params, aux_params) of the backbone, copied to the CPU."""
+        """(arg_params, aux_params) of the backbone, copied to the CPU.
+
+        Waits for all pending work first: MXNet's BatchNorm updates its moving
+        statistics during backward without the engine tracking that write, so a
+        copy taken right after a step can read them half-updated (seen on CPU).
+        """
+        mx.nd.waitall()         # host sync point
         return self.module.get_params()

@@ -13,15 +13,19 @@ import sys
 import time
 
 import mxnet as mx
+import numpy as np
 from tqdm import tqdm
 
 import symbols
 
-from . import comm, config as config_lib
+from . import checkpoint, comm, config as config_lib
+from .checkpoint import CheckpointError
 from .data import synthetic
 from .data.iterators import DummyIter, RecordIter
 from .data.records import DataError
 from .eval.verification import BinFormatError, Verifier
+from .export import export_model
+from .inference import ModelError, load_model
 from .margin import CombinedMarginLoss
 from .module import LRSchedule, PartialFCModule
 from .partial_fc import PartialFC, PartialFCInputError
@@ -119,12 +123,13 @@ class MetricsLog:
             self._board.close()
 
 
-def save_backbone(prefix: str, symbol: mx.sym.Symbol, arg_params, aux_params) -> None:
-    """PREFIX-symbol.json + PREFIX-0000.params, each written to a temporary name and renamed."""
-    tmp = f"{prefix}.tmp{os.getpid()}"
-    mx.model.save_checkpoint(tmp, 0, symbol, arg_params, aux_params)
-    os.replace(f"{tmp}-symbol.json", f"{prefix}-symbol.json")
-    os.replace(f"{tmp}-0000.params", f"{prefix}-0000.params")
+def reseed(seed: int, rank: int, step: int) -> None:
+    """MXNet's generators (sampled negatives, dropout) from (seed, rank, step).
+
+    MXNet cannot save a generator's state. Re-seeding after each checkpoint
+    instead makes a run resumed there draw exactly what the uninterrupted run drew.
+    """
+    mx.random.seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0] % 2 ** 31))
 
 
 def format_duration(seconds: float) -> str:
@@ -163,7 +168,34 @@ def build_local(cfg: config_lib.Config, rank: int, world: int):
         verifier = Verifier(cfg.val_targets, eval_symbol, ctx, cfg.val_batch_size, cfg.image_size)
     plan = dict(num_images=num_images, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
                 max_update=max_update, lr=lr, context=str(ctx))
-    return ctx, data, schedule, symbol, verifier, plan
+    resume = read_resume(cfg, rank, world, symbol, plan) if cfg.resume else None
+    data.seek(resume["step"] if resume else 0)
+    return ctx, data, schedule, symbol, verifier, plan, resume
+
+
+def read_resume(cfg: config_lib.Config, rank: int, world: int, symbol: mx.sym.Symbol, plan: dict) -> dict:
+    """The checkpoint to resume from, checked against this run, with this rank's backbone parameters."""
+    path = checkpoint.locate(os.path.join(cfg.output, "checkpoints"), cfg.resume)
+    state = checkpoint.read_state(path)
+    checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network)
+    arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(cfg.batch_size, 3, cfg.image_size, cfg.image_size))
+    checkpoint.check_params(arg_params, {n: s for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"},
+                            path, cfg.network)
+    checkpoint.check_params(aux_params, dict(zip(symbol.list_auxiliary_states(), aux_shapes)), path, cfg.network)
+    step, epoch = checkpoint.resume_position(state, plan["steps_per_epoch"], plan["global_batch"])
+    return dict(path=path, state=state, arg_params=arg_params, aux_params=aux_params, step=step, epoch=epoch)
+
+
+def restore(resume: dict, module: PartialFCModule, head: PartialFC) -> None:
+    """Backbone, its optimizer state and this rank's centers and momentum, from the checkpoint."""
+    path = resume["path"]
+    module.module.set_params(resume["arg_params"], resume["aux_params"], force_init=True)
+    try:
+        module.module.load_optimizer_states(os.path.join(path, "optimizer.states"))
+    except Exception as error:       # a pickle of NDArrays: anything can go wrong in a damaged file
+        raise CheckpointError(f"{path}/optimizer.states: {error}") from None
+    checkpoint.load_centers(path, resume["state"], head)
 
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
@@ -188,19 +220,44 @@ def train(cfg: config_lib.Config) -> dict:
                  + config_lib.describe(cfg))
     error = None
     try:
-        ctx, data, schedule, symbol, verifier, plan = build_local(cfg, rank, world)
+        ctx, data, schedule, symbol, verifier, plan, resume = build_local(cfg, rank, world)
     except Exception as caught:         # every rank learns that setup failed somewhere
         log.error(f"setup failed: {caught}")
         error = caught
     comm.raise_if_any_failed(error, "setup")
     head, module = build_distributed(cfg, ctx, schedule, symbol)
     log.info(f"{head}; log file {log_path}")
+    start_step, best = 0, {}
+    if resume is not None:
+        try:
+            restore(resume, module, head)
+        except Exception as caught:
+            log.error(f"resuming failed: {caught}")
+            error = caught
+        comm.raise_if_any_failed(error, "resuming")
+        start_step, best = resume["step"], resume["state"].get("best", {})
+        saved = resume["state"]
+        moved = "" if saved["world_size"] == world and saved["step"] == start_step else (
+            f" (saved on {saved['world_size']} ranks at step {saved['step']}, global batch {saved['global_batch']}: "
+            f"centers re-sharded, position kept in samples seen)")
+        log.info(f"resuming from {resume['path']} at step {start_step}, epoch {resume['epoch']}{moved}")
+        reseed(cfg.seed, rank, start_step)
+    checkpoints = os.path.join(cfg.output, "checkpoints")
+
+    def save_checkpoint(step: int) -> str:
+        state = dict(network=cfg.network, epoch=step // plan["steps_per_epoch"],
+                     steps_per_epoch=plan["steps_per_epoch"], global_batch=plan["global_batch"],
+                     max_update=plan["max_update"], next_lr=schedule(step), seed=cfg.seed, best=best,
+                     data=dict(epoch=step // plan["steps_per_epoch"], step_in_epoch=step % plan["steps_per_epoch"]),
+                     config=cfg.to_dict())
+        return checkpoint.save(checkpoints, step, module=module, head=head, symbol=symbol, state=state,
+                               keep=cfg.keep_checkpoints)
     if rank == 0:
         log.info(f"{plan['num_images']} images, global batch {plan['global_batch']} = {cfg.batch_size} x {world} "
                  f"ranks, {plan['steps_per_epoch']} steps/epoch, {plan['max_update']} steps, "
                  f"peak lr {plan['lr']:.4g} ({cfg.lr_schedule}), context {plan['context']}")
     metrics = MetricsLog(cfg.output, cfg.tensorboard) if rank == 0 else None
-    progress = tqdm(total=plan["max_update"], desc="train", unit="step", disable=rank != 0,
+    progress = tqdm(total=plan["max_update"], initial=start_step, desc="train", unit="step", disable=rank != 0,
                     mininterval=5, file=sys.stderr, dynamic_ncols=True)
     loss, started = float("nan"), time.time()
     window_start, window_steps, window_wait = time.time(), 0, 0.0
@@ -211,14 +268,18 @@ def train(cfg: config_lib.Config) -> dict:
         began = time.time()
         found = verifier.evaluate(*module.get_params())
         for name, result in found.items():
-            log.info(f"step {step}: verification {name}: accuracy {result} ({time.time() - began:.1f} s)")
-            metrics.write(step, **{f"val/{name}/accuracy": result.accuracy, f"val/{name}/std": result.std})
-        return {name: vars(result) for name, result in found.items()}
+            if result.accuracy > best.get(name, {}).get("accuracy", -1.0):
+                best[name] = dict(accuracy=result.accuracy, step=step)
+            log.info(f"step {step}: verification {name}: accuracy {result}; best {best[name]['accuracy']:.4f} "
+                     f"at step {best[name]['step']} ({time.time() - began:.1f} s)")
+            metrics.write(step, **{f"val/{name}/{key}": value for key, value in result.as_dict().items()},
+                          **{f"val/{name}/best_accuracy": best[name]["accuracy"]})
+        return {name: result.as_dict() for name, result in found.items()}
 
     try:
-        if cfg.val_at_start:
+        if cfg.val_at_start and start_step == 0:
             verify(0)
-        for step in range(plan["max_update"]):
+        for step in range(start_step, plan["max_update"]):
             fetch_started = time.time()
             batch = next(data)            # waits only when decoding falls behind
             window_wait += time.time() - fetch_started
@@ -241,22 +302,29 @@ def train(cfg: config_lib.Config) -> dict:
                     metrics.write(done, epoch=batch.epoch, loss=loss, lr=lr, samples_per_sec_per_rank=per_rank,
                                   samples_per_sec=per_rank * world, data_wait_fraction=data_wait)
                 window_start, window_steps, window_wait = time.time(), 0, 0.0
+            paused = time.time()
             if done % cfg.verbose == 0 and done != plan["max_update"]:
                 verify(done)
-                window_start = time.time()      # throughput excludes evaluation
+            if cfg.save_interval and done % cfg.save_interval == 0 and done != plan["max_update"]:
+                save_checkpoint(done)
+                reseed(cfg.seed, rank, done)    # what a run resumed from here will do
+            window_start += time.time() - paused     # throughput excludes evaluation and saving
         progress.close()
         summary = {}
         results = verify(plan["max_update"])
+        last = (checkpoint.step_dir(checkpoints, plan["max_update"]) if start_step == plan["max_update"]
+                else save_checkpoint(plan["max_update"]))
         if rank == 0:
-            arg_params, aux_params = module.get_params()
-            save_backbone(os.path.join(cfg.output, "model"), symbol, arg_params, aux_params)
+            prefix = os.path.join(cfg.output, "model")
+            export_model(prefix, *load_model(last)[:3])      # embedding only, rank-averaged parameters
+            checkpoint.write_json(prefix + "-verification.json", results)
             summary = dict(steps=plan["max_update"], final_loss=loss, seconds=round(time.time() - started, 1),
-                           verification=results)
+                           verification=results, best=best)
             metrics.write(plan["max_update"], summary=summary)
             accuracies = ", ".join(f"{name} {r['accuracy']:.4f}" for name, r in results.items()) or "no sets"
             log.info(f"done: {plan['max_update']} steps in {format_duration(time.time() - started)}, "
-                     f"final loss {loss:.4f}, verification: {accuracies}; "
-                     f"backbone saved as {cfg.output}/model-symbol.json + model-0000.params")
+                     f"final loss {loss:.4f}, verification: {accuracies}; checkpoint {last}; "
+                     f"model for inference: {prefix}-symbol.json + {prefix}-0000.params")
         mx.nd.waitall()
         comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 evaluates and saves
         return summary
@@ -276,7 +344,7 @@ def main(argv=None) -> int:
         train(cfg)
         comm.shutdown()
     except (DataError, BinFormatError, PartialFCInputError, config_lib.ConfigError, FloatingPointError,
-            RuntimeError, OSError) as error:
+            CheckpointError, ModelError, RuntimeError, OSError) as error:
         log.error(f"stopping: {error}")
         print(f"rank {comm.rank()}: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

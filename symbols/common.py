@@ -40,7 +40,8 @@ def embedding_head(x, embedding_size, dropout, fp16):
     x = bn(x, "bn1")
     if dropout > 0:
         x = mx.sym.Dropout(x, p=dropout)
-    x = mx.sym.FullyConnected(x, num_hidden=embedding_size, name="pre_fc1")
+    # Flattened explicitly: MXNet 1.9's ONNX exporter gets FullyConnected's own flattening wrong for 4-D input
+    x = mx.sym.FullyConnected(mx.sym.Flatten(x), num_hidden=embedding_size, name="pre_fc1")
     if fp16:
         x = mx.sym.Cast(x, dtype="float32")
     return bn(x, "fc1", fix_gamma=True)

@@ -36,3 +36,16 @@ def run_command(cmd: list, timeout: float, env: "dict | None" = None) -> subproc
         out, _ = proc.communicate()
         raise AssertionError(f"{' '.join(cmd[:8])} ... did not finish in {timeout} s; output:\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def config_sh(*args, ranks: int = 2) -> list:
+    """horovodrun --gloo on `ranks` local ranks of config.sh; trainer options after "--"."""
+    return [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", "bash", "config.sh", "--", *args]
+
+
+def tiny_synthetic_run(data, output, *extra) -> list:
+    """Trainer options for a seconds-long run on a tiny generated set (40 identities x 8 images)."""
+    return ["--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
+            "--num_classes", 40, "--synthetic_identities", 40, "--synthetic_images_per_identity", 8,
+            "--synthetic_val_pairs", 100, "--batch_size", 8, "--lr_base_batch", 16, "--warmup_epochs", 0.1,
+            "--output", output, *extra]

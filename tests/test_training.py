@@ -11,16 +11,12 @@ import os
 
 import pytest
 
-from launch import HOROVODRUN, run_command
+from launch import config_sh, run_command
 
 
 def launch(cmd, timeout, env=None):
     proc = run_command(cmd, timeout, env)
     return proc.returncode, proc.stdout
-
-
-def config_sh(*args):
-    return [HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", "bash", "config.sh", "--", *args]
 
 
 def small_synthetic_run(tmp, *extra):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mxnet_pfc.data import synthetic
-from mxnet_pfc.eval.verification import BinFormatError, embed_pairs, load_bin, ten_fold_accuracy
+from mxnet_pfc.eval.verification import (BinFormatError, embed_pairs, load_bin, tar_at_far, ten_fold_accuracy,
+                                         verify_embeddings)
 
 
 def brute_force_accuracy(embeddings, issame, folds=10):
@@ -54,9 +55,48 @@ def test_perfect_and_useless_embeddings():
 def test_embed_pairs_adds_the_flip_and_normalises():
     images = np.random.default_rng(1).uniform(0, 255, (4, 3, 2, 3)).astype(np.float32)
     embed = lambda x: x[:, 0, 0, :]         # the first row: flipping reverses it
-    got = embed_pairs(embed, images, batch_size=3)
+    done = []
+    got, xnorm = embed_pairs(embed, images, batch_size=3, progress=done.append)
     expected = images[:, 0, 0, :] + images[:, 0, 0, ::-1]
     np.testing.assert_allclose(got, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=1e-6)
+    # XNorm: the mean norm of the raw, unflipped embeddings
+    assert xnorm == pytest.approx(np.linalg.norm(images[:, 0, 0, :].astype(np.float64), axis=1).mean())
+    assert done == [3, 1]
+
+
+def brute_force_tar(similarity, issame, far):
+    """Try every observed score as threshold; keep the lowest one whose FAR is <= far."""
+    best = None
+    for t in sorted(set(similarity.tolist()) | {-np.inf}):
+        false_accepts = sum(1 for s, same in zip(similarity, issame) if not same and s > t)
+        if false_accepts <= far * (~issame).sum() + 1e-9:
+            best = t
+            break
+    accepted = sum(1 for s, same in zip(similarity, issame) if same and s > best)
+    return accepted / issame.sum(), best
+
+
+@pytest.mark.parametrize("far", [1e-3, 1e-2, 0.1, 0.25])
+def test_tar_at_far_matches_brute_force(far):
+    rng = np.random.default_rng(3)
+    issame = rng.random(2400) < 0.5
+    similarity = np.where(issame, rng.normal(0.5, 0.2, 2400), rng.normal(0.0, 0.2, 2400))
+    found = tar_at_far(similarity, issame, far)
+    tar, threshold = brute_force_tar(similarity, issame, far)
+    assert (found.tar, found.threshold) == pytest.approx((tar, threshold))
+    assert found.achieved_far <= far and found.resolved == (far * (~issame).sum() >= 1)
+
+
+def test_tar_at_far_below_the_resolution_is_tar_at_far_zero():
+    issame = np.array([True] * 10 + [False] * 10)
+    similarity = np.concatenate([np.linspace(0.3, 0.9, 10), np.linspace(-0.5, 0.5, 10)])
+    found = tar_at_far(similarity, issame, 1e-4)
+    assert not found.resolved and found.achieved_far == 0 and found.threshold == 0.5
+    assert found.tar == pytest.approx(np.mean(similarity[:10] > 0.5))
+    # every pair made of two equal embeddings: nothing separates same from different
+    result = verify_embeddings(np.eye(40)[np.repeat(np.arange(20), 2)], issame)
+    assert result.accuracy == 0.5 and result.tar[0].tar == 0.0
+    assert "at FAR 0: only 10 different pairs" in str(result)
 
 
 def test_synthetic_bin_loads(tmp_path):

@@ -59,7 +59,7 @@ class RecordIter:
 
     def __init__(self, rec_path: str, batch_size: int, num_classes: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, rand_mirror: bool = True, image_size: "tuple[int, int]" = (112, 112),
-                 threads: int = 2, prefetch: int = 4, start_epoch: int = 0):
+                 threads: int = 2, prefetch: int = 4):
         self.reader, self.records = open_records(rec_path)
         self.batch_size, self.num_classes = batch_size, num_classes
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -71,8 +71,14 @@ class RecordIter:
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
-        self._producer = threading.Thread(target=self._produce, args=(start_epoch,), daemon=True, name="records")
-        self._producer.start()
+        self._start_step = 0
+        self._producer = None          # started by the first batch asked for
+
+    def seek(self, step: int) -> None:
+        """Begin at global step `step` (epoch step // steps_per_epoch); before the first batch only."""
+        if self._producer is not None:
+            raise RuntimeError("seek() after reading started")
+        self._start_step = int(step)
 
     @property
     def num_images(self) -> int:
@@ -94,12 +100,15 @@ class RecordIter:
         image = image[:, ::-1, ::-1] if mirror else image[:, :, ::-1]        # BGR -> RGB (and mirror)
         return image, label
 
-    def _produce(self, epoch: int) -> None:
+    def _produce(self, epoch: int, skip: int) -> None:
+        """Batches from step `skip` of `epoch` on (a resumed run skips what it has done)."""
         try:
             while not self._stop.is_set():
                 mirror_rng = np.random.default_rng([self.seed, epoch, self.rank])
-                for positions in epoch_order(self.num_images, self.batch_size, self.rank, self.world_size,
-                                             self.seed, epoch):
+                order = epoch_order(self.num_images, self.batch_size, self.rank, self.world_size, self.seed, epoch)
+                if self.rand_mirror and skip:
+                    mirror_rng.random(skip * self.batch_size)      # the draws of the skipped steps
+                for positions in order[skip:]:
                     records = self.records.image_records[positions]
                     raws = [self.reader.read_idx(int(r)) for r in records]
                     mirrors = mirror_rng.random(len(records)) < 0.5 if self.rand_mirror else [False] * len(records)
@@ -108,7 +117,7 @@ class RecordIter:
                     labels = np.array([label for _, label in decoded], dtype=np.int64)
                     if not self._put((data, labels, epoch)):
                         return
-                epoch += 1
+                epoch, skip = epoch + 1, 0
         except BaseException as error:      # handed to the training loop, which raises it
             self._put(error)
 
@@ -125,6 +134,10 @@ class RecordIter:
         return self
 
     def __next__(self) -> Batch:
+        if self._producer is None:
+            self._producer = threading.Thread(target=self._produce, args=divmod(self._start_step, self.steps_per_epoch),
+                                              daemon=True, name="records")
+            self._producer.start()
         item = self._queue.get()
         if isinstance(item, BaseException):
             self.close()
@@ -140,21 +153,28 @@ class RecordIter:
 
 
 class DummyIter:
-    """Random images (drawn once) and uniformly random labels: speed runs at any identity count."""
+    """Random images (drawn once) and uniformly random labels: speed runs at any identity count.
+
+    The labels of step k depend only on (seed, rank, k), so a resumed run sees the same ones.
+    """
 
     def __init__(self, batch_size: int, num_classes: int, rank: int = 0, seed: int = 0,
                  image_size: "tuple[int, int]" = (112, 112), steps_per_epoch: int = 1000):
         rng = np.random.default_rng([seed, rank])
         self.batch_size, self.num_classes, self.steps_per_epoch = batch_size, num_classes, steps_per_epoch
         self._data = mx.nd.array(rng.uniform(0, 255, size=(batch_size, 3, *image_size)), dtype="float32")
-        self._rng = rng
+        self._seed, self._rank = seed, rank
         self._step = 0
+
+    def seek(self, step: int) -> None:
+        self._step = int(step)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> Batch:
-        labels = self._rng.integers(0, self.num_classes, size=self.batch_size, dtype=np.int64)
+        rng = np.random.default_rng([self._seed, self._rank, self._step])
+        labels = rng.integers(0, self.num_classes, size=self.batch_size, dtype=np.int64)
         epoch = self._step // self.steps_per_epoch
         self._step += 1
         return Batch(self._data, labels, epoch)

@@ -4,18 +4,23 @@ Each image and its horizontal flip are embedded; the two embeddings are added
 and L2-normalised. A pair is "same" when the squared distance between its
 embeddings is below a threshold; the threshold is chosen on 9 folds and the
 accuracy measured on the 10th, ten times: the reported figure is the mean and
-standard deviation of the ten test-fold accuracies.
+standard deviation of the ten test-fold accuracies. Alongside: XNorm (mean
+norm of the raw embeddings) and TAR at FAR 1e-3 / 1e-4 over all pairs.
 """
 from __future__ import annotations
 
 import io
 import os
 import pickle
+import sys
 from dataclasses import dataclass
 
 import cv2
 import mxnet as mx
 import numpy as np
+from tqdm import tqdm
+
+from ..inference import Embedder
 
 
 class BinFormatError(ValueError):
@@ -58,25 +63,83 @@ def load_bin(path: str, image_size: int = 112) -> "tuple[np.ndarray, np.ndarray]
     return images, np.asarray(issame, dtype=bool)
 
 
-def embed_pairs(embed_fn, images: np.ndarray, batch_size: int) -> np.ndarray:
-    """L2-normalised embed(image) + embed(flipped image), float64 (2P, D)."""
-    out = []
+def embed_pairs(embed_fn, images: np.ndarray, batch_size: int, progress=None) -> "tuple[np.ndarray, float]":
+    """(L2-normalised embed(image) + embed(flipped image) as float64 (2P, D), XNorm).
+
+    XNorm is the mean L2 norm of the raw embeddings of the unflipped images, a
+    health figure of training (InsightFace reports it next to the accuracy).
+    `progress`, if given, is called with the number of images done in each batch.
+    """
+    out, norms = [], []
     for start in range(0, len(images), batch_size):
         chunk = images[start:start + batch_size]
-        summed = embed_fn(chunk).astype(np.float64) + embed_fn(chunk[:, :, :, ::-1].copy()).astype(np.float64)
-        out.append(summed)
+        plain = embed_fn(chunk).astype(np.float64)
+        out.append(plain + embed_fn(chunk[:, :, :, ::-1].copy()).astype(np.float64))
+        norms.append(np.linalg.norm(plain, axis=1))
+        if progress is not None:
+            progress(len(chunk))
     embeddings = np.concatenate(out)
-    return embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    return embeddings, float(np.concatenate(norms).mean())
+
+
+FARS = (1e-3, 1e-4)
+
+
+@dataclass(frozen=True)
+class TarAtFar:
+    far: float           # the false accept rate asked for
+    tar: float           # share of same pairs accepted at the threshold
+    threshold: float     # cosine similarity: a pair is accepted when strictly above it
+    achieved_far: float  # share of different pairs accepted (<= far)
+    negatives: int       # different pairs in the set
+
+    @property
+    def resolved(self) -> bool:
+        """False when the set has fewer than 1/far different pairs: the figure is then TAR at FAR 0."""
+        return self.far * self.negatives >= 1
+
+
+def tar_at_far(similarity: np.ndarray, issame: np.ndarray, far: float) -> TarAtFar:
+    """TAR at the lowest threshold whose false accept rate over all different pairs is <= far.
+
+    With n different pairs at most floor(far * n) may be accepted; when that is
+    0 (fewer than 1/far pairs) the threshold is the highest different-pair score
+    and the figure is the TAR at FAR = 0, a lower bound.
+    """
+    negatives = np.sort(similarity[~issame])[::-1]
+    positives = similarity[issame]
+    if len(negatives) == 0 or len(positives) == 0:
+        raise ValueError("TAR@FAR needs both same and different pairs")
+    allowed = int(np.floor(far * len(negatives) + 1e-9))
+    threshold = negatives[allowed] if allowed < len(negatives) else -np.inf
+    accepted_negatives = int(np.sum(negatives > threshold))
+    return TarAtFar(far, float(np.mean(positives > threshold)), float(threshold),
+                    accepted_negatives / len(negatives), len(negatives))
 
 
 @dataclass(frozen=True)
 class VerificationResult:
-    accuracy: float
-    std: float
+    accuracy: float      # mean of the 10 test folds
+    std: float           # their standard deviation
     threshold: float     # mean of the folds' best squared-distance thresholds
+    xnorm: float = float("nan")
+    tar: "tuple[TarAtFar, ...]" = ()
+    pairs: int = 0
 
     def __str__(self) -> str:
-        return f"{self.accuracy:.4f} +- {self.std:.4f} (threshold {self.threshold:.2f})"
+        text = f"{self.accuracy:.4f} +- {self.std:.4f} (threshold {self.threshold:.2f}), XNorm {self.xnorm:.2f}"
+        for t in self.tar:
+            text += f", TAR@FAR={t.far:g} {t.tar:.4f}"
+            if not t.resolved:
+                text += f" (at FAR 0: only {t.negatives} different pairs)"
+        return text
+
+    def as_dict(self) -> dict:
+        return dict(accuracy=self.accuracy, std=self.std, threshold=self.threshold,
+                    cosine_threshold=1 - self.threshold / 2, xnorm=self.xnorm, pairs=self.pairs,
+                    **{f"tar_at_far_{t.far:g}": t.tar for t in self.tar},
+                    **{f"tar_at_far_{t.far:g}_cosine_threshold": t.threshold for t in self.tar})
 
 
 def ten_fold_accuracy(embeddings: np.ndarray, issame: np.ndarray, folds: int = 10) -> VerificationResult:
@@ -92,7 +155,17 @@ def ten_fold_accuracy(embeddings: np.ndarray, issame: np.ndarray, folds: int = 1
         t = int(np.argmax(correct[:, train].mean(axis=1)))
         best.append(thresholds[t])
         accuracies.append(correct[t, test].mean())
-    return VerificationResult(float(np.mean(accuracies)), float(np.std(accuracies)), float(np.mean(best)))
+    return VerificationResult(float(np.mean(accuracies)), float(np.std(accuracies)), float(np.mean(best)),
+                              pairs=len(issame))
+
+
+def verify_embeddings(embeddings: np.ndarray, issame: np.ndarray, xnorm: float = float("nan"),
+                      fars=FARS) -> VerificationResult:
+    """The whole report for L2-normalised pair embeddings (2P, D): 10-fold accuracy, XNorm, TAR@FAR."""
+    result = ten_fold_accuracy(embeddings, issame)
+    similarity = np.sum(embeddings[0::2] * embeddings[1::2], axis=1)
+    tars = tuple(tar_at_far(similarity, issame, far) for far in fars)
+    return VerificationResult(result.accuracy, result.std, result.threshold, xnorm, tars, len(issame))
 
 
 class Verifier:
@@ -101,17 +174,14 @@ class Verifier:
     def __init__(self, paths, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64, image_size: int = 112):
         self.sets = {os.path.splitext(os.path.basename(p))[0]: load_bin(p, image_size) for p in paths}
         self.batch_size = batch_size
-        self.module = mx.mod.Module(symbol, data_names=["data"], label_names=None, context=ctx)
-        self.module.bind(data_shapes=[("data", (batch_size, 3, image_size, image_size))], for_training=False)
+        self.embedder = Embedder(symbol, ctx, batch_size, image_size)
 
-    def _embed(self, images: np.ndarray) -> np.ndarray:
-        count = len(images)
-        if count < self.batch_size:        # the module is bound for full batches
-            images = np.concatenate([images, np.zeros((self.batch_size - count, *images.shape[1:]), images.dtype)])
-        self.module.forward(mx.io.DataBatch([mx.nd.array(images)]), is_train=False)
-        return self.module.get_outputs()[0].asnumpy()[:count]        # host sync point
-
-    def evaluate(self, arg_params, aux_params) -> "dict[str, VerificationResult]":
-        self.module.set_params(arg_params, aux_params, allow_missing=False, force_init=True)
-        return {name: ten_fold_accuracy(embed_pairs(self._embed, images, self.batch_size), issame)
-                for name, (images, issame) in self.sets.items()}
+    def evaluate(self, arg_params, aux_params, progress: bool = False) -> "dict[str, VerificationResult]":
+        """Every set's report for these backbone parameters (a tqdm bar per set when progress)."""
+        self.embedder.set_params(arg_params, aux_params)
+        results = {}
+        for name, (images, issame) in self.sets.items():
+            with tqdm(total=len(images), desc=name, unit="img", disable=not progress, file=sys.stderr) as bar:
+                embeddings, xnorm = embed_pairs(self.embedder, images, self.batch_size, bar.update)
+            results[name] = verify_embeddings(embeddings, issame, xnorm)
+        return results

@@ -1,0 +1,285 @@
+"""Training checkpoints: everything needed to continue a run exactly, written atomically.
+
+One folder per checkpoint, OUTPUT/checkpoints/step-00001000/:
+
+    model-symbol.json, model-0000.params     rank 0's backbone (arg:/aux: keys, MXNet's format)
+    model-average-symbol.json, -0000.params  the same with parameters averaged over ranks
+                                             (BatchNorm statistics are per rank)
+    optimizer.states                         the backbone's SGD state (momentum), rank 0's;
+                                             every rank holds the same one
+    aux-rank00001.params                     each rank's own BatchNorm statistics
+    centers-rank00001.npy, momentum-rank00001.npy
+                                             each rank's class centers and their momentum,
+                                             rows [class_start, class_start + num_local)
+    state.json                               step, epoch, shards, schedule, configuration;
+                                             written last
+
+Every rank writes into step-00001000.tmp/; when all files are there rank 0
+writes state.json and renames the folder. A folder without .tmp in its name
+is therefore complete; a crash while saving leaves only a .tmp folder, which
+loading ignores and the next save removes.
+
+The folder must be on a filesystem every rank can read (as for the data):
+resuming onto a different number of ranks reads other ranks' shards.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+
+import mxnet as mx
+import numpy as np
+
+from . import comm
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete, or does not fit the configured run."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """Yields a temporary name next to `path`; renamed to `path` only if the block succeeds."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path: str, value) -> None:
+    """JSON written in full (flushed to disk) or not at all."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(value, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step-{step:08d}")
+
+
+def list_steps(root: str) -> "list[int]":
+    """Steps of the complete checkpoints under root, ascending."""
+    if not os.path.isdir(root):
+        return []
+    steps = []
+    for name in os.listdir(root):
+        match = _STEP_DIR.match(name)
+        if match and os.path.exists(os.path.join(root, name, "state.json")):
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def locate(root: str, which: str) -> str:
+    """The checkpoint folder for --resume: 'latest', a step number, or a folder path."""
+    if which == "latest":
+        steps = list_steps(root)
+        if not steps:
+            raise CheckpointError(f"--resume latest: no complete checkpoint in {root}")
+        return step_dir(root, steps[-1])
+    if which.isdigit():
+        path = step_dir(root, int(which))
+        if not os.path.exists(os.path.join(path, "state.json")):
+            raise CheckpointError(f"--resume {which}: no complete checkpoint at step {int(which)} in {root} "
+                                  f"(complete: {', '.join(map(str, list_steps(root))) or 'none'})")
+        return path
+    if not os.path.exists(os.path.join(which, "state.json")):
+        raise CheckpointError(f"--resume {which}: not a complete checkpoint folder (no state.json)")
+    return which
+
+
+def read_state(path: str) -> dict:
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot read state.json: {error}") from None
+    if state.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {state.get('format')}, this version reads {FORMAT_VERSION}")
+    return state
+
+
+def check_compatible(state: dict, path: str, num_classes: int, embedding_size: int, network: str) -> None:
+    """The checkpoint's head and backbone must be the configured ones; the message says which differs."""
+    problems = []
+    if state["num_classes"] != num_classes:
+        problems.append(f"it has {state['num_classes']} classes, the configuration {num_classes} (num_classes)")
+    if state["embedding_size"] != embedding_size:
+        problems.append(f"its embedding size is {state['embedding_size']}, the configuration's {embedding_size} "
+                        "(embedding_size)")
+    if state["network"] != network:
+        problems.append(f"its network is {state['network']}, the configuration's {network} (network)")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: " + "; ".join(problems))
+
+
+def check_params(params: dict, expected: dict, path: str, network: str) -> None:
+    """Same parameter names and shapes as the configured network, or a message naming the first differences."""
+    missing = sorted(set(expected) - set(params))
+    extra = sorted(set(params) - set(expected))
+    shapes = [f"{name}: {tuple(params[name].shape)} in the checkpoint, {tuple(expected[name])} in {network}"
+              for name in sorted(set(params) & set(expected)) if tuple(params[name].shape) != tuple(expected[name])]
+    problems = []
+    if missing:
+        problems.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    if extra:
+        problems.append(f"unexpected {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+    if shapes:
+        problems.append("shape mismatch " + "; ".join(shapes[:5]))
+    if problems:
+        raise CheckpointError(f"checkpoint {path}: backbone parameters do not fit network {network}: "
+                              + "; ".join(problems))
+
+
+def shard_overlaps(shards: "list[list[int]]", start: int, count: int) -> "list[tuple[int, int, int, int]]":
+    """Where rows [start, start + count) of the class table lie in saved shards.
+
+    shards[r] = (class_start, num_local) of old rank r. Returns (old_rank,
+    row_in_old_shard, row_in_new_range, rows) pieces covering the new range.
+    """
+    pieces, covered = [], 0
+    for old_rank, (old_start, old_count) in enumerate(shards):
+        lo, hi = max(start, old_start), min(start + count, old_start + old_count)
+        if lo < hi:
+            pieces.append((old_rank, lo - old_start, lo - start, hi - lo))
+            covered += hi - lo
+    if covered != count:
+        raise CheckpointError(f"the saved shards cover {covered} of the {count} classes [{start}, {start + count})")
+    return pieces
+
+
+def _fsync(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _average(params: "dict[str, mx.nd.NDArray]", prefix: str) -> "dict[str, mx.nd.NDArray]":
+    """Each array averaged over ranks (collective: every rank, same names in the same order)."""
+    return {name: comm.allreduce(value.astype("float32"), op="average", name=f"{prefix}.{name}")
+            for name, value in sorted(params.items())}
+
+
+def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: dict, keep: int) -> str:
+    """Write the checkpoint of `step` (all ranks call this together); returns its folder.
+
+    `state` holds the run's own fields (epoch, schedule, configuration ...);
+    shards, world size and format are added here. Any rank's failure raises on
+    every rank, and the checkpoint is then not published.
+    """
+    rank, world = comm.rank(), comm.size()
+    final = step_dir(root, step)
+    tmp = final + ".tmp"
+    error = None
+    if rank == 0:
+        try:
+            os.makedirs(root, exist_ok=True)
+            for stale in os.listdir(root):        # crashed saves, and a stale copy of this one
+                if stale.endswith(".tmp") or stale == os.path.basename(final):
+                    shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+            os.makedirs(tmp)
+        except OSError as caught:
+            error = caught
+    comm.raise_if_any_failed(error, f"preparing checkpoint {tmp}")
+    started = time.time()
+    arg_params, aux_params = module.get_params()
+    average_arg, average_aux = _average(arg_params, "ckpt.arg"), _average(aux_params, "ckpt.aux")
+    shards = comm.gather_rows([head.class_start, head.num_local])
+    try:
+        centers = os.path.join(tmp, f"centers-rank{rank:05d}.npy")
+        momentum = os.path.join(tmp, f"momentum-rank{rank:05d}.npy")
+        aux = os.path.join(tmp, f"aux-rank{rank:05d}.params")
+        np.save(centers, head.weight.asnumpy())           # host copies: sync points
+        np.save(momentum, head.weight_mom.asnumpy())
+        mx.nd.save(aux, aux_params)
+        written = [centers, momentum, aux]
+        if rank == 0:
+            mx.model.save_checkpoint(os.path.join(tmp, "model"), 0, symbol, arg_params, aux_params)
+            mx.model.save_checkpoint(os.path.join(tmp, "model-average"), 0, symbol, average_arg, average_aux)
+            module.module.save_optimizer_states(os.path.join(tmp, "optimizer.states"))
+            written += [os.path.join(tmp, name) for name in ("model-0000.params", "model-average-0000.params",
+                                                             "optimizer.states")]
+        for path in written:
+            _fsync(path)
+        error = None
+    except (OSError, mx.base.MXNetError) as caught:
+        error = caught
+    comm.raise_if_any_failed(error, f"writing checkpoint {tmp}")
+    if rank == 0:
+        try:
+            missing = [f"{kind}-rank{r:05d}.npy" for r in range(world) for kind in ("centers", "momentum")
+                       if not os.path.exists(os.path.join(tmp, f"{kind}-rank{r:05d}.npy"))]
+            if missing:
+                raise CheckpointError(f"rank 0 cannot see {', '.join(missing[:4])} in {tmp}: the output folder "
+                                      "must be on a filesystem that every rank shares")
+            write_json(os.path.join(tmp, "state.json"), {
+                **state, "format": FORMAT_VERSION, "step": step, "world_size": world,
+                "num_classes": head.num_classes, "embedding_size": head.embedding_size,
+                "shards": [[int(a), int(b)] for a, b in shards], "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")})
+            os.replace(tmp, final)
+            for old in list_steps(root)[:-keep] if keep > 0 else []:
+                shutil.rmtree(step_dir(root, old), ignore_errors=True)
+            error = None
+        except (OSError, CheckpointError) as caught:
+            error = caught
+    comm.raise_if_any_failed(error, f"publishing checkpoint {final}")
+    log.info(f"checkpoint {final} written in {time.time() - started:.1f} s")
+    return final
+
+
+def load_backbone(path: str, rank: int, same_world: bool, average: bool = False):
+    """(arg_params, aux_params) for this rank: rank 0's weights with the rank's own BN statistics.
+
+    On a different number of ranks (or with average=True) the averaged statistics are used.
+    """
+    try:
+        _, arg_params, aux_params = mx.model.load_checkpoint(
+            os.path.join(path, "model-average" if average else "model"), 0)
+        own = os.path.join(path, f"aux-rank{rank:05d}.params")
+        if same_world and not average and os.path.exists(own):
+            aux_params = mx.nd.load(own)
+        elif not average:
+            _, _, aux_params = mx.model.load_checkpoint(os.path.join(path, "model-average"), 0)
+    except (OSError, mx.base.MXNetError) as error:
+        raise CheckpointError(f"{path}: cannot read the backbone: {str(error).splitlines()[0]}") from None
+    return arg_params, aux_params
+
+
+def load_centers(path: str, state: dict, head) -> None:
+    """Fill head.weight and head.weight_mom with this rank's classes, from whichever saved shards hold them."""
+    pieces = shard_overlaps(state["shards"], head.class_start, head.num_local)
+    for kind, target in (("centers", head.weight), ("momentum", head.weight_mom)):
+        for old_rank, old_row, new_row, rows in pieces:
+            file = os.path.join(path, f"{kind}-rank{old_rank:05d}.npy")
+            try:
+                saved = np.load(file, mmap_mode="r")     # reads only the rows copied below
+            except (OSError, ValueError) as error:
+                raise CheckpointError(f"{file}: {error}") from None
+            if saved.ndim != 2 or saved.shape[1] != head.embedding_size:
+                raise CheckpointError(f"{file}: shape {saved.shape}, expected (rows, {head.embedding_size})")
+            target[new_row:new_row + rows] = mx.nd.array(saved[old_row:old_row + rows], dtype="float32")
+
+
+def resume_position(state: dict, steps_per_epoch: int, global_batch: int) -> "tuple[int, int]":
+    """(step, epoch) to continue from: the saved step, or on another global batch the same samples seen.
+
+    The epoch is kept; within it, the steps done are converted by global batch size.
+    """
+    if state["global_batch"] == global_batch and state["steps_per_epoch"] == steps_per_epoch:
+        return state["step"], state["step"] // steps_per_epoch
+    epoch = state["step"] // state["steps_per_epoch"]
+    within = (state["step"] % state["steps_per_epoch"]) * state["global_batch"] // global_batch
+    return epoch * steps_per_epoch + min(within, steps_per_epoch - 1), epoch

@@ -1,0 +1,159 @@
+"""python -m mxnet_pfc.embed MODEL ...: face embeddings from a trained model.
+
+  embed MODEL IMAGE|FOLDER ... [--out emb.npy]   embeddings (.npy, one row per image,
+                                                 paths in emb.txt)
+  embed MODEL --pair A B [--threshold T]         cosine similarity, same or different
+  embed MODEL --gallery DIR --probe IMAGE [-k 5] nearest identities (DIR: one
+                                                 sub-folder of images per identity)
+
+Faces must be aligned 112x112 crops, as in training (--resize to force others).
+Each embedding is that of the image plus its mirror image, L2-normalised, as in
+verification. MODEL is an exported prefix, a checkpoint folder or a training
+output folder. The default threshold is the one the final verification of the
+training found (PREFIX-verification.json next to the model).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import cv2
+import mxnet as mx
+import numpy as np
+from tqdm import tqdm
+
+from .checkpoint import CheckpointError
+from .data.pack import IMAGE_SUFFIXES, list_identities
+from .data.records import DataError
+from .eval.verification import embed_pairs
+from .inference import Embedder, ModelError, load_model
+
+
+class EmbedError(ValueError):
+    """An input of the embed command that cannot be used."""
+
+
+def read_face(path: str, size: int = 112, resize: bool = False) -> np.ndarray:
+    """RGB float32 (3, size, size), 0..255; a clear error for unreadable or wrongly sized images."""
+    image = cv2.imread(path, cv2.IMREAD_COLOR)
+    if image is None:
+        raise EmbedError(f"{path}: cannot read it as an image (missing, unreadable or not an image file)")
+    if image.shape[:2] != (size, size):
+        if not resize:
+            raise EmbedError(f"{path}: {image.shape[1]}x{image.shape[0]}, expected an aligned {size}x{size} face "
+                             "(--resize to resize it anyway)")
+        image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
+    return image[:, :, ::-1].transpose(2, 0, 1).astype(np.float32)
+
+
+def image_paths(inputs: "list[str]") -> "list[str]":
+    """Files as given; folders searched recursively for images, in sorted order."""
+    paths = []
+    for item in inputs:
+        if os.path.isdir(item):
+            found = sorted(os.path.join(root, name) for root, _, names in os.walk(item) for name in names
+                           if name.lower().endswith(IMAGE_SUFFIXES))
+            if not found:
+                raise EmbedError(f"{item}: no images ({', '.join(IMAGE_SUFFIXES)}) in this folder")
+            paths += found
+        else:
+            paths.append(item)
+    return paths
+
+
+def embed_files(embedder: Embedder, paths: "list[str]", resize: bool, chunk: int = 512) -> np.ndarray:
+    """L2-normalised embeddings (n, D) of image files, read a chunk at a time, with a progress bar."""
+    out = []
+    with tqdm(total=len(paths), desc="embed", unit="img", file=sys.stderr, disable=len(paths) < 2 * chunk) as bar:
+        for start in range(0, len(paths), chunk):
+            images = np.stack([read_face(p, resize=resize) for p in paths[start:start + chunk]])
+            embeddings, _ = embed_pairs(embedder, images, embedder.batch_size, bar.update)
+            out.append(embeddings.astype(np.float32))
+    return np.concatenate(out)
+
+
+def default_threshold(model: str) -> float:
+    """Cosine threshold of the training's final verification, stored next to the model."""
+    prefix = os.path.join(model, "model") if os.path.isdir(model) else model.partition(",")[0]
+    path = f"{prefix}-verification.json"
+    try:
+        with open(path) as f:
+            results = json.load(f)
+        first = next(iter(results.values()))
+        return float(first["cosine_threshold"])
+    except (OSError, ValueError, StopIteration, KeyError):
+        raise EmbedError(f"no threshold: pass --threshold, or keep {path} (written by training) next to "
+                         "the model") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.embed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="exported prefix[,epoch], checkpoint folder or training output folder")
+    parser.add_argument("images", nargs="*", help="images or folders to embed")
+    parser.add_argument("--out", default="embeddings.npy", help="where the embeddings go (default %(default)s)")
+    parser.add_argument("--pair", nargs=2, metavar=("A", "B"), help="compare two faces")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="cosine similarity above which a pair is the same person")
+    parser.add_argument("--gallery", default="", help="folder of identity sub-folders")
+    parser.add_argument("--probe", default="", help="the face to look up in the gallery")
+    parser.add_argument("-k", "--top-k", type=int, default=5)
+    parser.add_argument("--resize", action="store_true", help="resize faces that are not 112x112")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu")
+    return parser
+
+
+def run(args) -> None:
+    modes = [bool(args.images), bool(args.pair), bool(args.gallery or args.probe)]
+    if sum(modes) != 1:
+        raise EmbedError("give images to embed, or --pair A B, or --gallery DIR --probe IMAGE (one of them)")
+    if args.gallery and not args.probe or args.probe and not args.gallery:
+        raise EmbedError("--gallery and --probe go together")
+    threshold = args.threshold if args.threshold is not None or not args.pair else default_threshold(args.model)
+    symbol, arg_params, aux_params, source = load_model(args.model)
+    embedder = Embedder(symbol, mx.gpu(0) if args.context == "gpu" else mx.cpu(), args.batch_size)
+    embedder.set_params(arg_params, aux_params)
+    if args.pair:
+        a, b = embed_files(embedder, list(args.pair), args.resize)
+        cosine = float(np.dot(a, b))
+        verdict = "same person" if cosine > threshold else "different people"
+        print(f"cosine similarity {cosine:.4f}: {verdict} (threshold {threshold:.4f})")
+    elif args.gallery:
+        identities = list_identities(args.gallery)
+        names = [name for name, _ in identities]
+        files = [p for _, paths in identities for p in paths]
+        owner = np.repeat(np.arange(len(identities)), [len(paths) for _, paths in identities])
+        embeddings = embed_files(embedder, files, args.resize)
+        centers = np.zeros((len(names), embeddings.shape[1]), dtype=np.float64)
+        np.add.at(centers, owner, embeddings)          # an identity: the mean of its faces
+        centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+        probe = embed_files(embedder, [args.probe], args.resize)[0]
+        scores = centers @ probe
+        print(f"{args.probe} against {len(names)} identities ({len(files)} images) with {source}:")
+        for rank, i in enumerate(np.argsort(-scores)[:args.top_k], 1):
+            print(f"{rank:3d}. {names[i]}  cosine {scores[i]:.4f}")
+    else:
+        paths = image_paths(args.images)
+        embeddings = embed_files(embedder, paths, args.resize)
+        np.save(args.out, embeddings)
+        listing = os.path.splitext(args.out)[0] + ".txt"
+        with open(listing, "w") as f:
+            f.write("\n".join(paths) + "\n")
+        print(f"{len(paths)} embeddings of size {embeddings.shape[1]} -> {args.out} (paths in {listing})")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except (EmbedError, ModelError, CheckpointError, DataError, OSError) as error:
+        print(f"mxnet_pfc.embed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

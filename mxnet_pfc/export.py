@@ -1,0 +1,121 @@
+"""python -m mxnet_pfc.export MODEL [--prefix PREFIX] [--onnx]
+
+Writes an embedding-only model for MXNet inference, PREFIX-symbol.json +
+PREFIX-0000.params (arg:/aux: keys), loadable with mx.model.load_checkpoint into
+mx.mod.Module or with gluon.nn.SymbolBlock.imports, at any batch size. Input:
+raw RGB pixels 0..255, N x 3 x 112 x 112 (the symbol normalises them); output:
+the N x D embedding (L2-normalise it before comparing faces).
+
+MODEL is a training checkpoint folder (its rank-averaged backbone), a training
+output folder (its latest checkpoint), or an MXNet prefix. --onnx also writes
+PREFIX.onnx with a free batch dimension.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+
+from .checkpoint import CheckpointError
+from .inference import ModelError, load_model
+
+log = logging.getLogger("mxnet_pfc.export")
+
+
+def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict) -> "tuple[str, str]":
+    """PREFIX-symbol.json + PREFIX-0000.params, each written under a temporary name and renamed."""
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    tmp = f"{prefix}.tmp{os.getpid()}"
+    mx.model.save_checkpoint(tmp, 0, symbol, arg_params, aux_params, remove_amp_cast=True)
+    files = (f"{prefix}-symbol.json", f"{prefix}-0000.params")
+    os.replace(f"{tmp}-0000.params", files[1])
+    os.replace(f"{tmp}-symbol.json", files[0])
+    return files
+
+
+def export_onnx(prefix: str, onnx_path: str, image_size: int = 112) -> str:
+    """PREFIX's model as ONNX (MXNet 1.9's exporter), batch dimension free."""
+    tmp = f"{onnx_path}.tmp{os.getpid()}"
+    try:
+        mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-0000.params",
+                             in_shapes=[(1, 3, image_size, image_size)], in_types=[np.float32],
+                             onnx_file_path=tmp, dynamic=True)
+        _tidy_onnx(tmp)
+        os.replace(tmp, onnx_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return onnx_path
+
+
+def default_prefix(model: str) -> str:
+    """OUTPUT/model for a training output folder or one of its checkpoints (where training exports)."""
+    folder = os.path.abspath(model)
+    if os.path.exists(os.path.join(folder, "state.json")) and os.path.basename(os.path.dirname(folder)) == "checkpoints":
+        return os.path.join(os.path.dirname(os.path.dirname(folder)), "model")
+    if os.path.isdir(folder):
+        return os.path.join(folder, "model")
+    raise ModelError(f"{model} is a prefix: name the exported one with --prefix")
+
+
+def _tidy_onnx(path: str) -> None:
+    """Per-channel PReLU slopes as (C, 1, 1), and weights out of the graph inputs.
+
+    MXNet 1.9 writes them as (C,), which ONNX broadcasts against the last (width)
+    axis: onnxruntime then refuses the model, or mixes channels when C == W.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    initializers = {init.name: init for init in model.graph.initializer}
+    inputs = {value.name: value for value in model.graph.input}     # the exporter lists weights as inputs too
+    for node in model.graph.node:
+        slope = initializers.get(node.input[1]) if node.op_type == "PRelu" and len(node.input) > 1 else None
+        if slope is not None and len(slope.dims) == 1 and slope.dims[0] > 1:
+            values = numpy_helper.to_array(slope).reshape(-1, 1, 1)
+            slope.CopyFrom(numpy_helper.from_array(values, slope.name))
+            if slope.name in inputs:
+                inputs[slope.name].CopyFrom(onnx.helper.make_tensor_value_info(
+                    slope.name, inputs[slope.name].type.tensor_type.elem_type, values.shape))
+    # weights are constants, not inputs (lets onnxruntime fold them, and silences its warnings)
+    kept = [value for value in model.graph.input if value.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="checkpoint folder, training output folder, or MXNet prefix[,epoch]")
+    parser.add_argument("--prefix", default="", help="output prefix (default: OUTPUT/model for a training output or checkpoint folder)")
+    parser.add_argument("--onnx", action="store_true", help="also write PREFIX.onnx")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        symbol, arg_params, aux_params, source = load_model(args.model)
+        prefix = args.prefix or default_prefix(args.model)
+        if os.path.abspath(prefix) == os.path.abspath(args.model.partition(",")[0]):
+            raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
+        files = export_model(prefix, symbol, arg_params, aux_params)
+        log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
+        if args.onnx:
+            log.info(f"ONNX: {export_onnx(prefix, prefix + '.onnx')}")
+    except (ModelError, CheckpointError, OSError) as error:
+        print(f"mxnet_pfc.export: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

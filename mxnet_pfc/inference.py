@@ -1,0 +1,126 @@
+"""Models for inference: finding one on disk, and embedding images with it.
+
+A model is named by any of
+  - a prefix of an MXNet checkpoint, PREFIX-symbol.json + PREFIX-0000.params
+    (or "PREFIX,EPOCH" for PREFIX-EPOCH.params, as InsightFace names them);
+  - a training checkpoint folder (OUTPUT/checkpoints/step-N): its rank-averaged
+    backbone, rebuilt without dropout;
+  - a training output folder: its exported model-*, else its latest checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import mxnet as mx
+import numpy as np
+
+import symbols
+
+from . import checkpoint
+
+
+class ModelError(ValueError):
+    """A model that cannot be found or loaded."""
+
+
+def inference_symbol(network: str, embedding_size: int) -> mx.sym.Symbol:
+    """The float32 embedding symbol of a registered network, without dropout."""
+    return symbols.get_symbol(network, embedding_size, dropout=0.0, fp16=False)
+
+
+def embedding_output(symbol: mx.sym.Symbol) -> mx.sym.Symbol:
+    """The embedding: the symbol itself, or its fc1 output when it has several outputs."""
+    if len(symbol.list_outputs()) == 1:
+        return symbol
+    internals = symbol.get_internals()
+    if "fc1_output" in internals.list_outputs():
+        return internals["fc1_output"]
+    raise ModelError(f"the symbol has outputs {symbol.list_outputs()} and no fc1_output to take the embedding from")
+
+
+def fixed_gammas(symbol: mx.sym.Symbol) -> "list[str]":
+    """Gamma parameters of BatchNorms with fix_gamma (MXNet's default), which MXNet reads as 1."""
+    nodes = json.loads(symbol.tojson())["nodes"]
+    return [f"{node['name']}_gamma" for node in nodes if node["op"] == "BatchNorm"
+            and node.get("attrs", {}).get("fix_gamma", "True").lower() in ("true", "1")]
+
+
+def float32_params(symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict, where: str):
+    """The parameters `symbol` uses, as float32; a missing one is an error naming it.
+
+    Fixed gammas are set to the 1 MXNet uses: training leaves them where weight
+    decay drove them, and other runtimes (ONNX) would read that value.
+    """
+    wanted_args = [n for n in symbol.list_arguments() if n != "data"]
+    wanted_aux = symbol.list_auxiliary_states()
+    missing = [n for n in wanted_args if n not in arg_params] + [n for n in wanted_aux if n not in aux_params]
+    if missing:
+        raise ModelError(f"{where}: parameters missing for the symbol: {', '.join(missing[:6])}")
+    args = {n: arg_params[n].astype("float32") for n in wanted_args}
+    for name in fixed_gammas(symbol):
+        if name in args:
+            args[name] = mx.nd.ones_like(args[name])
+    return args, {n: aux_params[n].astype("float32") for n in wanted_aux}
+
+
+def load_model(path: str):
+    """(symbol, arg_params, aux_params, description) of the model `path` names (see the module docstring)."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "state.json")):
+            state = checkpoint.read_state(path)
+            arg_params, aux_params = checkpoint.load_backbone(path, 0, same_world=False, average=True)
+            symbol = inference_symbol(state["network"], state["embedding_size"])
+            arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
+            return symbol, arg_params, aux_params, f"checkpoint {path} ({state['network']}, step {state['step']})"
+        if os.path.exists(os.path.join(path, "model-symbol.json")):
+            return load_model(os.path.join(path, "model"))
+        steps = checkpoint.list_steps(os.path.join(path, "checkpoints"))
+        if steps:
+            return load_model(checkpoint.step_dir(os.path.join(path, "checkpoints"), steps[-1]))
+        raise ModelError(f"{path}: a folder without a model (model-symbol.json), checkpoint (state.json) "
+                         "or checkpoints/")
+    prefix, _, epoch = path.partition(",")
+    epoch = int(epoch) if epoch.strip().isdigit() else 0
+    files = [f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"]
+    if not all(os.path.exists(f) for f in files):
+        raise ModelError(f"{path}: no model there: expected {' + '.join(files)}, a checkpoint folder or "
+                         "a training output folder")
+    try:
+        symbol, arg_params, aux_params = mx.model.load_checkpoint(prefix, epoch)
+    except mx.base.MXNetError as error:
+        raise ModelError(f"{path}: cannot load: {str(error).splitlines()[0]}") from None
+    symbol = embedding_output(symbol)
+    arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
+    return symbol, arg_params, aux_params, f"model {prefix}-{epoch:04d}"
+
+
+class Embedder:
+    """A symbol bound for inference at a fixed batch size; embed() takes any number of images."""
+
+    def __init__(self, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64, image_size: int = 112):
+        self.symbol, self.ctx, self.batch_size = symbol, ctx, batch_size
+        self.data_shape = (batch_size, 3, image_size, image_size)
+        self.module = None
+
+    def set_params(self, arg_params: dict, aux_params: dict) -> None:
+        """Binds afresh for each set of parameters.
+
+        MXNet 1.9's MKLDNN backend caches reordered convolution weights of an
+        inference executor: set_params on an executor that has already run can
+        leave it computing with the old weights (seen: a second evaluation gave
+        another accuracy than a fresh module did for the same parameters).
+        """
+        self.module = mx.mod.Module(self.symbol, data_names=["data"], label_names=None, context=self.ctx)
+        self.module.bind(data_shapes=[("data", self.data_shape)], for_training=False)
+        self.module.set_params(arg_params, aux_params, allow_missing=False, force_init=True)
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        """Raw embeddings (n, D) float32 of RGB 0..255 images (n, 3, H, W), n <= batch_size."""
+        if self.module is None:
+            raise RuntimeError("Embedder: set_params() before embedding")
+        count = len(images)
+        if count < self.batch_size:        # the module is bound for full batches
+            images = np.concatenate([images, np.zeros((self.batch_size - count, *images.shape[1:]), images.dtype)])
+        self.module.forward(mx.io.DataBatch([mx.nd.array(images, dtype="float32")]), is_train=False)
+        return self.module.get_outputs()[0].asnumpy()[:count]        # host sync point

@@ -1,0 +1,50 @@
+"""python -m mxnet_pfc.verify MODEL BIN [BIN ...]
+
+The verification protocol (10-fold accuracy, XNorm, TAR@FAR) of a saved model on
+InsightFace .bin pair sets (lfw.bin, cfp_fp.bin, agedb_30.bin ...). MODEL is an
+exported prefix, a training checkpoint folder or a training output folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import mxnet as mx
+
+from .checkpoint import CheckpointError, write_json
+from .eval.verification import BinFormatError, Verifier
+from .inference import ModelError, load_model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.verify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="exported prefix[,epoch], checkpoint folder or training output folder")
+    parser.add_argument("bins", nargs="+", help="verification .bin files")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu", help="gpu: the first GPU")
+    parser.add_argument("--json", default="", help="also write the results to this JSON file")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        symbol, arg_params, aux_params, source = load_model(args.model)
+        ctx = mx.gpu(0) if args.context == "gpu" else mx.cpu()
+        print(f"{source}: loading {len(args.bins)} set(s)", file=sys.stderr)
+        verifier = Verifier(args.bins, symbol, ctx, args.batch_size)
+        results = verifier.evaluate(arg_params, aux_params, progress=True)
+    except (ModelError, CheckpointError, BinFormatError, OSError) as error:
+        print(f"mxnet_pfc.verify: {error}", file=sys.stderr)
+        return 1
+    for name, result in results.items():
+        print(f"{name}: {result}")
+    if args.json:
+        write_json(args.json, {name: result.as_dict() for name, result in results.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Run on W ranks: load a saved checkpoint's centers into a PartialFC of W ranks, write each rank's rows.
+
+    reshard_worker.py CHECKPOINT_FOLDER OUT_FOLDER   ->  OUT/centers-R.npy, OUT/momentum-R.npy
+"""
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+
+from mxnet_pfc import checkpoint, comm
+from mxnet_pfc.margin import CombinedMarginLoss
+from mxnet_pfc.partial_fc import PartialFC
+
+
+def main(folder: str, out: str) -> None:
+    comm.init()
+    state = checkpoint.read_state(folder)
+    head = PartialFC(CombinedMarginLoss(32, 1, 0, 0.2), state["embedding_size"], state["num_classes"],
+                     ctx=mx.cpu(), seed=1)
+    checkpoint.load_centers(folder, state, head)
+    np.save(os.path.join(out, f"centers-{comm.rank()}.npy"), head.weight.asnumpy())
+    np.save(os.path.join(out, f"momentum-{comm.rank()}.npy"), head.weight_mom.asnumpy())
+    comm.barrier()
+    comm.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
