@@ -1,0 +1,152 @@
+"""Export and inference: what plain MXNet, ONNX Runtime and the verify/embed commands make of a trained model.
+
+A short single-process training run provides the checkpoints. The exported
+model must give the trainer's embeddings through mx.model.load_checkpoint +
+Module and SymbolBlock.imports at any batch size, and through ONNX Runtime.
+"""
+import json
+import sys
+
+import cv2
+import mxnet as mx
+import numpy as np
+import pytest
+
+from launch import run_command, tiny_synthetic_run
+from mxnet_pfc.data import synthetic
+
+IMAGES = np.random.default_rng(5).uniform(0, 255, (5, 3, 112, 112)).astype(np.float32)
+
+
+def module_embeddings(symbol, arg_params, aux_params, images):
+    module = mx.mod.Module(symbol, data_names=["data"], label_names=None)
+    module.bind(data_shapes=[("data", images.shape)], for_training=False)
+    module.set_params(arg_params, aux_params)
+    module.forward(mx.io.DataBatch([mx.nd.array(images)]), is_train=False)
+    return module.get_outputs()[0].asnumpy()
+
+
+def assert_same_embeddings(got, expected, tolerance=1e-5):
+    """Equal up to float32 reordering: the error relative to the embeddings' scale."""
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max(), np.abs(got - expected).max()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(data folder, output folder) of a 6-step run on one process, dropout on."""
+    root = tmp_path_factory.mktemp("trained")
+    args = tiny_synthetic_run(root / "data", root / "run", "--max_update", 6, "--save_interval", 3,
+                              "--dropout", 0.2, "--frequent", 3)
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.train", *args], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return root / "data", root / "run"
+
+
+def trainer_embeddings(run, images):
+    """What the trainer computes: its own training symbol (dropout inactive) and parameters."""
+    symbol, arg_params, aux_params = mx.model.load_checkpoint(str(run / "checkpoints" / "step-00000006" / "model"), 0)
+    return module_embeddings(symbol, arg_params, aux_params, images)
+
+
+def test_export_loads_in_plain_mxnet_at_any_batch_size(trained, tmp_path):
+    _, run = trained
+    prefix = tmp_path / "face"
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.export", run / "checkpoints" / "step-00000006",
+                        "--prefix", prefix, "--onnx"], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    expected = trainer_embeddings(run, IMAGES)
+    symbol, arg_params, aux_params = mx.model.load_checkpoint(str(prefix), 0)
+    assert symbol.list_outputs() == ["fc1_output"] and "Dropout" not in symbol.tojson()
+    for batch in (1, 5):
+        got = module_embeddings(symbol, arg_params, aux_params, IMAGES[:batch])
+        assert_same_embeddings(got, expected[:batch])
+    block = mx.gluon.nn.SymbolBlock.imports(f"{prefix}-symbol.json", ["data"], f"{prefix}-0000.params")
+    assert_same_embeddings(block(mx.nd.array(IMAGES[:3])).asnumpy(), expected[:3])
+    # ONNX, with a free batch dimension
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(f"{prefix}.onnx")
+    got = session.run(None, {session.get_inputs()[0].name: IMAGES[:3]})[0]
+    assert_same_embeddings(got, expected[:3], tolerance=1e-4)
+
+
+def test_trainer_exports_the_final_model(trained):
+    _, run = trained
+    symbol, arg_params, aux_params = mx.model.load_checkpoint(str(run / "model"), 0)
+    assert_same_embeddings(module_embeddings(symbol, arg_params, aux_params, IMAGES), trainer_embeddings(run, IMAGES))
+    assert float(arg_params["fc1_gamma"].min().asscalar()) == 1.0      # fixed gamma: what MXNet computes with
+
+
+def test_verify_command_reproduces_the_trainers_figures(trained, tmp_path):
+    data, run = trained
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.verify", run, data / "val.bin", "--json", tmp_path / "v.json"],
+                       timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "val: " in proc.stdout and "XNorm" in proc.stdout and "TAR@FAR=0.001" in proc.stdout
+    got = json.load(open(tmp_path / "v.json"))["val"]
+    expected = json.load(open(run / "model-verification.json"))["val"]
+    assert got["accuracy"] == pytest.approx(expected["accuracy"]) and got["xnorm"] == pytest.approx(expected["xnorm"],
+                                                                                                   rel=1e-4)
+
+
+def write_faces(folder, count, seed):
+    """`count` identities x 2 synthetic faces as PNG files in identity sub-folders; returns their paths."""
+    rng = np.random.default_rng(seed)
+    ids = synthetic.draw_identities(rng, count)
+    images = synthetic.render({k: np.repeat(v, 2, axis=0) for k, v in ids.items()}, rng)
+    paths = []
+    for i, image in enumerate(images):
+        person = folder / f"person{i // 2}"
+        person.mkdir(parents=True, exist_ok=True)
+        paths.append(person / f"{i % 2}.png")
+        cv2.imwrite(str(paths[-1]), image[:, :, ::-1])
+    return paths
+
+
+def test_embed_images_pairs_and_gallery(trained, tmp_path):
+    _, run = trained
+    paths = write_faces(tmp_path / "gallery", 4, seed=2)
+    out = tmp_path / "emb.npy"
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.embed", run, tmp_path / "gallery", "--out", out], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    embeddings = np.load(out)
+    listed = open(tmp_path / "emb.txt").read().split()
+    assert embeddings.shape == (8, 128) and listed == sorted(str(p) for p in paths)
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, rtol=1e-5)
+    # a pair: the cosine of the two rows, judged at the threshold the training found
+    threshold = json.load(open(run / "model-verification.json"))["val"]["cosine_threshold"]
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.embed", run, "--pair", listed[0], listed[2]], timeout=120)
+    cosine = float(np.dot(embeddings[0], embeddings[2]))
+    assert proc.returncode == 0 and f"cosine similarity {cosine:.4f}" in proc.stdout, proc.stdout[-2000:]
+    assert ("same person" if cosine > threshold else "different people") in proc.stdout
+    assert f"threshold {threshold:.4f}" in proc.stdout
+    # gallery: the probe is person2's first image, so person2 is the nearest identity
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.embed", run, "--gallery", tmp_path / "gallery",
+                        "--probe", paths[4], "-k", 3], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    ranking = [line.split()[1] for line in proc.stdout.splitlines() if line.strip()[:2] in ("1.", "2.", "3.")]
+    assert ranking[0] == "person2" and len(ranking) == 3
+
+
+def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
+    _, run = trained
+    (tmp_path / "notes.jpg").write_text("not an image")
+    cv2.imwrite(str(tmp_path / "big.png"), np.zeros((200, 150, 3), np.uint8))
+    cases = [
+        (["mxnet_pfc.embed", run, tmp_path / "notes.jpg"], "notes.jpg: cannot read it as an image"),
+        (["mxnet_pfc.embed", run, tmp_path / "big.png"], "big.png: 150x200, expected an aligned 112x112 face"),
+        (["mxnet_pfc.embed", tmp_path / "nowhere", tmp_path / "big.png"], "nowhere: no model there"),
+        (["mxnet_pfc.embed", run / "checkpoints" / "step-00000006", "--pair", tmp_path / "big.png",
+          tmp_path / "big.png"], "no threshold: pass --threshold"),
+        (["mxnet_pfc.export", tmp_path / "nowhere"], "nowhere: no model there"),
+        (["mxnet_pfc.verify", run, tmp_path / "notes.jpg"], "notes.jpg: not a pickle"),
+    ]
+    for args, message in cases:
+        proc = run_command([sys.executable, "-m", *args], timeout=120)
+        assert proc.returncode == 1 and message in proc.stdout, (args, proc.stdout[-2000:])
+
+
+@pytest.mark.parametrize("command", ["mxnet_pfc.export", "mxnet_pfc.verify", "mxnet_pfc.embed"])
+def test_help(command):
+    proc = run_command([sys.executable, "-m", command, "--help"], timeout=60)
+    assert proc.returncode == 0 and "usage: python -m " + command in proc.stdout
