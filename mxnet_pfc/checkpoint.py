@@ -24,7 +24,6 @@ resuming onto a different number of ranks reads other ranks' shards.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ import mxnet as mx
 import numpy as np
 
 from . import comm
+from .files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -45,27 +45,6 @@ _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete, or does not fit the configured run."""
-
-
-@contextlib.contextmanager
-def atomic_path(path: str):
-    """Yields a temporary name next to `path`; renamed to `path` only if the block succeeds."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_json(path: str, value) -> None:
-    """JSON written in full (flushed to disk) or not at all."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "w") as f:
-            json.dump(value, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def step_dir(root: str, step: int) -> str:
@@ -199,6 +178,9 @@ def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: di
     average_arg, average_aux = _average(arg_params, "ckpt.arg"), _average(aux_params, "ckpt.aux")
     shards = comm.gather_rows([head.class_start, head.num_local])
     try:
+        if not os.path.isdir(tmp):
+            raise CheckpointError(f"rank {rank} cannot see {tmp}, which rank 0 created: the output folder must be "
+                                  "on a filesystem that every rank shares")
         centers = os.path.join(tmp, f"centers-rank{rank:05d}.npy")
         momentum = os.path.join(tmp, f"momentum-rank{rank:05d}.npy")
         aux = os.path.join(tmp, f"aux-rank{rank:05d}.params")
@@ -215,7 +197,7 @@ def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: di
         for path in written:
             _fsync(path)
         error = None
-    except (OSError, mx.base.MXNetError) as caught:
+    except (OSError, CheckpointError, mx.base.MXNetError) as caught:
         error = caught
     comm.raise_if_any_failed(error, f"writing checkpoint {tmp}")
     if rank == 0:

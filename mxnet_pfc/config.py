@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field, fields
 
 import symbols
+
+from .files import write_json
 
 
 @dataclass(frozen=True)
@@ -228,10 +229,7 @@ def parse_args(argv=None) -> Config:
 
 
 def save(config: Config, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(config.to_dict(), f, indent=2)
-    os.replace(tmp, path)
+    write_json(path, config.to_dict())
 
 
 def describe(config: Config) -> str:

@@ -25,6 +25,7 @@ from .data.iterators import DummyIter, RecordIter
 from .data.records import DataError
 from .eval.verification import BinFormatError, Verifier
 from .export import export_model
+from .files import write_json
 from .inference import ModelError, load_model
 from .margin import CombinedMarginLoss
 from .module import LRSchedule, PartialFCModule
@@ -317,7 +318,7 @@ def train(cfg: config_lib.Config) -> dict:
         if rank == 0:
             prefix = os.path.join(cfg.output, "model")
             export_model(prefix, *load_model(last)[:3])      # embedding only, rank-averaged parameters
-            checkpoint.write_json(prefix + "-verification.json", results)
+            write_json(prefix + "-verification.json", results)
             summary = dict(steps=plan["max_update"], final_loss=loss, seconds=round(time.time() - started, 1),
                            verification=results, best=best)
             metrics.write(plan["max_update"], summary=summary)

@@ -7,13 +7,13 @@ exported prefix, a training checkpoint folder or a training output folder.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import mxnet as mx
 
-from .checkpoint import CheckpointError, write_json
+from .checkpoint import CheckpointError
 from .eval.verification import BinFormatError, Verifier
+from .files import write_json
 from .inference import ModelError, load_model
 
 

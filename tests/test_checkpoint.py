@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from launch import REPO, config_sh, run_command, run_ranks, tiny_synthetic_run
-from mxnet_pfc import checkpoint
+from mxnet_pfc import checkpoint, files
 from mxnet_pfc.partial_fc import shard_range
 
 RUN = ("--max_update", 30, "--save_interval", 8, "--keep_checkpoints", 2, "--frequent", 1, "--verbose", 10,
@@ -177,7 +177,7 @@ def test_check_params_names_the_difference():
 def test_atomic_path_leaves_nothing_behind_on_failure(tmp_path):
     target = tmp_path / "state.json"
     with pytest.raises(RuntimeError):
-        with checkpoint.atomic_path(str(target)) as tmp:
+        with files.atomic_path(str(target)) as tmp:
             open(tmp, "w").write("half")
             raise RuntimeError("crash while writing")
     assert os.listdir(tmp_path) == []
