@@ -263,11 +263,12 @@ def train(cfg: config_lib.Config) -> dict:
     loss, started = float("nan"), time.time()
     window_start, window_steps, window_wait = time.time(), 0, 0.0
 
-    def verify(step: int) -> dict:
+    def verify(step: int, params=None) -> dict:
+        """Rank 0: the verification report of `params` (default: rank 0's current backbone)."""
         if verifier is None:
             return {}
         began = time.time()
-        found = verifier.evaluate(*module.get_params())
+        found = verifier.evaluate(*(params or module.get_params()))
         for name, result in found.items():
             if result.accuracy > best.get(name, {}).get("accuracy", -1.0):
                 best[name] = dict(accuracy=result.accuracy, step=step)
@@ -312,19 +313,24 @@ def train(cfg: config_lib.Config) -> dict:
             window_start += time.time() - paused     # throughput excludes evaluation and saving
         progress.close()
         summary = {}
-        results = verify(plan["max_update"])
         last = (checkpoint.step_dir(checkpoints, plan["max_update"]) if start_step == plan["max_update"]
                 else save_checkpoint(plan["max_update"]))
         if rank == 0:
+            # The model for inference (embedding only, rank-averaged parameters) is what the
+            # final verification measures, so its figures and thresholds describe that file.
             prefix = os.path.join(cfg.output, "model")
-            export_model(prefix, *load_model(last)[:3])      # embedding only, rank-averaged parameters
+            exported = load_model(last)
+            export_model(prefix, *exported[:3])
+            results = verify(plan["max_update"], exported[1:3])
             write_json(prefix + "-verification.json", results)
+            state = checkpoint.read_state(last)
+            write_json(os.path.join(last, "state.json"), {**state, "best": best})
             summary = dict(steps=plan["max_update"], final_loss=loss, seconds=round(time.time() - started, 1),
                            verification=results, best=best)
             metrics.write(plan["max_update"], summary=summary)
             accuracies = ", ".join(f"{name} {r['accuracy']:.4f}" for name, r in results.items()) or "no sets"
             log.info(f"done: {plan['max_update']} steps in {format_duration(time.time() - started)}, "
-                     f"final loss {loss:.4f}, verification: {accuracies}; checkpoint {last}; "
+                     f"final loss {loss:.4f}, verification of the exported model: {accuracies}; checkpoint {last}; "
                      f"model for inference: {prefix}-symbol.json + {prefix}-0000.params")
         mx.nd.waitall()
         comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 evaluates and saves
