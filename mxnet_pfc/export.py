@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="checkpoint folder, training output folder, or MXNet prefix[,epoch]")
-    parser.add_argument("--prefix", default="", help="output prefix (default: OUTPUT/model for a training output or checkpoint folder)")
+    parser.add_argument("--prefix", default="",
+                        help="output prefix (default: OUTPUT/model for a training output or checkpoint folder)")
     parser.add_argument("--onnx", action="store_true", help="also write PREFIX.onnx")
     return parser
 
