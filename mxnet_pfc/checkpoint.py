@@ -191,7 +191,7 @@ def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: di
         if rank == 0:
             mx.model.save_checkpoint(os.path.join(tmp, "model"), 0, symbol, arg_params, aux_params)
             mx.model.save_checkpoint(os.path.join(tmp, "model-average"), 0, symbol, average_arg, average_aux)
-            module.module.save_optimizer_states(os.path.join(tmp, "optimizer.states"))
+            module.save_optimizer_states(os.path.join(tmp, "optimizer.states"))
             written += [os.path.join(tmp, name) for name in ("model-0000.params", "model-average-0000.params",
                                                              "optimizer.states")]
         for path in written:

@@ -112,7 +112,9 @@ def run(args) -> None:
         raise EmbedError("give images to embed, or --pair A B, or --gallery DIR --probe IMAGE (one of them)")
     if args.gallery and not args.probe or args.probe and not args.gallery:
         raise EmbedError("--gallery and --probe go together")
-    threshold = args.threshold if args.threshold is not None or not args.pair else default_threshold(args.model)
+    threshold = args.threshold
+    if args.pair and threshold is None:
+        threshold = default_threshold(args.model)
     symbol, arg_params, aux_params, source = load_model(args.model)
     embedder = Embedder(symbol, mx.gpu(0) if args.context == "gpu" else mx.cpu(), args.batch_size)
     embedder.set_params(arg_params, aux_params)

@@ -21,6 +21,7 @@ import mxnet as mx
 import numpy as np
 
 from .checkpoint import CheckpointError
+from .files import atomic_path
 from .inference import ModelError, load_model
 
 log = logging.getLogger("mxnet_pfc.export")
@@ -39,16 +40,11 @@ def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_param
 
 def export_onnx(prefix: str, onnx_path: str, image_size: int = 112) -> str:
     """PREFIX's model as ONNX (MXNet 1.9's exporter), batch dimension free."""
-    tmp = f"{onnx_path}.tmp{os.getpid()}"
-    try:
+    with atomic_path(onnx_path) as tmp:
         mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-0000.params",
                              in_shapes=[(1, 3, image_size, image_size)], in_types=[np.float32],
                              onnx_file_path=tmp, dynamic=True)
         _tidy_onnx(tmp)
-        os.replace(tmp, onnx_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return onnx_path
 
 

@@ -91,3 +91,14 @@ class PartialFCModule:
         """
         mx.nd.waitall()         # host sync point
         return self.module.get_params()
+
+    def set_params(self, arg_params: dict, aux_params: dict) -> None:
+        """Backbone parameters from a checkpoint (names and shapes checked by the caller)."""
+        self.module.set_params(arg_params, aux_params, force_init=True)
+
+    def save_optimizer_states(self, path: str) -> None:
+        """The backbone's SGD state (momentum), MXNet's pickle format."""
+        self.module.save_optimizer_states(path)
+
+    def load_optimizer_states(self, path: str) -> None:
+        self.module.load_optimizer_states(path)

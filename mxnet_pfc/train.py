@@ -26,7 +26,7 @@ from .data.records import DataError
 from .eval.verification import BinFormatError, Verifier
 from .export import export_model
 from .files import write_json
-from .inference import ModelError, load_model
+from .inference import ModelError, inference_symbol, load_model
 from .margin import CombinedMarginLoss
 from .module import LRSchedule, PartialFCModule
 from .partial_fc import PartialFC, PartialFCInputError
@@ -165,7 +165,7 @@ def build_local(cfg: config_lib.Config, rank: int, world: int):
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
     verifier = None
     if rank == 0 and cfg.val_targets:
-        eval_symbol = symbol if cfg.fp16 else symbols.get_symbol(cfg.network, cfg.embedding_size, 0.0, False)
+        eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
         verifier = Verifier(cfg.val_targets, eval_symbol, ctx, cfg.val_batch_size, cfg.image_size)
     plan = dict(num_images=num_images, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
                 max_update=max_update, lr=lr, context=str(ctx))
@@ -191,9 +191,9 @@ def read_resume(cfg: config_lib.Config, rank: int, world: int, symbol: mx.sym.Sy
 def restore(resume: dict, module: PartialFCModule, head: PartialFC) -> None:
     """Backbone, its optimizer state and this rank's centers and momentum, from the checkpoint."""
     path = resume["path"]
-    module.module.set_params(resume["arg_params"], resume["aux_params"], force_init=True)
+    module.set_params(resume["arg_params"], resume["aux_params"])
     try:
-        module.module.load_optimizer_states(os.path.join(path, "optimizer.states"))
+        module.load_optimizer_states(os.path.join(path, "optimizer.states"))
     except Exception as error:       # a pickle of NDArrays: anything can go wrong in a damaged file
         raise CheckpointError(f"{path}/optimizer.states: {error}") from None
     checkpoint.load_centers(path, resume["state"], head)

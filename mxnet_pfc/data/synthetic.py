@@ -24,6 +24,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from ..files import atomic_path
 from .records import RecordWriter
 
 SIZE = 112
@@ -132,10 +133,8 @@ def write_verification_set(path: str, identities: int, pairs: int, seed: int) ->
     left, right, issame = left[order], right[order], [issame[i] for i in order]
     rows = np.stack([left, right], axis=1).ravel()              # pair i -> images 2i, 2i+1
     bins = [encode(image) for image in _rendered(ids, rows, rng, "val.bin")]
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         pickle.dump((bins, issame), f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
 
 
 def generate(folder: str, identities: int = 500, images_per_identity: int = 32, val_identities: int = 250,
