@@ -10,7 +10,25 @@ broadcast, the same shape). Horovod matches collectives by call order.
 """
 from __future__ import annotations
 
+import logging
+import os
+import sys
+
 import mxnet as mx
+
+# How long a fault may take to stop the job, when the launcher has not already
+# (a process that dies closes its sockets, and horovodrun/mpirun end the job at
+# once). Set before hvd.init(), which reads them; the environment overrides.
+FAULT_BOUNDS = {
+    # a peer that stops answering (host down, link cut, process frozen): a Gloo
+    # operation fails after this (Horovod's default; horovodrun --gloo-timeout-seconds)
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "30",
+    # a rank alive but stuck outside collectives (hung file system, deadlock):
+    # warn after 60 s, shut down after 20 min. Longer than any legitimate pause
+    # (rank 0 verifying or writing a checkpoint); raise it if yours are longer.
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "1200",
+}
 
 _hvd = None          # the horovod.mxnet module once initialised with size > 1
 _initialised = False
@@ -31,6 +49,8 @@ def init() -> None:
         import horovod.mxnet as hvd
     except ImportError:
         return  # no Horovod: a world of one
+    for name, value in FAULT_BOUNDS.items():
+        os.environ.setdefault(name, value)
     hvd.init()
     _rank, _size = hvd.rank(), hvd.size()
     _local_rank, _local_size = hvd.local_rank(), hvd.local_size()
@@ -147,3 +167,35 @@ def shutdown() -> None:
     if _hvd is not None:
         mx.nd.waitall()
         _hvd.shutdown()
+
+
+# What Horovod's errors say when a peer is gone (its shutdown message, Gloo's transport errors).
+_LOST_PEER_SIGNS = ("Horovod has been shut down", "Connection closed by peer", "Connection reset by peer",
+                    "Timed out", "Broken pipe")
+
+
+class LostRankError(RuntimeError):
+    """A collective failed because another rank is gone; this rank cannot go on."""
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether `error` comes from a collective that failed because another rank is gone."""
+    return _hvd is not None and any(sign in str(error) for sign in _LOST_PEER_SIGNS)
+
+
+def lost_peer_message() -> str:
+    bounds = ", ".join(f"{name}={os.environ.get(name, '?')}" for name in FAULT_BOUNDS)
+    return (f"lost contact with the other ranks: a collective failed because a rank died, froze or became "
+            f"unreachable (the launcher's output names the first rank that exited; bounds: {bounds})")
+
+
+def abort(code: int) -> None:
+    """Exit now, without MXNet's and Horovod's exit handlers.
+
+    After a failed collective those handlers wait for operations that can never
+    complete (or raise again), so a clean exit could hang instead of ending the job.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -76,6 +76,10 @@ class PartialFCInputError(ValueError):
     """Inputs of a step were invalid on at least one rank; raised on every rank."""
 
 
+class NonFiniteLossError(FloatingPointError):
+    """The loss of a step is NaN or infinite; raised on every rank before any center moves."""
+
+
 def shard_range(num_classes: int, rank: int, world_size: int) -> "tuple[int, int]":
     """(class_start, num_local) of `rank`: contiguous ranges, remainder on the first ranks."""
     if world_size < 1 or not 0 <= rank < world_size:
@@ -425,6 +429,12 @@ class PartialFC:
         # engine): the center gradient and the SGD below overlap with it.
         grad_xh = comm.allreduce(nd.dot(gs, w), op="sum", name="pfc.grad")    # collective 3
         grad_w = nd.dot(gs, xh, transpose_a=True, out=ws.get("center_grad", (S, D)))
+        # Host sync: the loss as a Python float, checked before the centers move
+        # (collective 3 and grad_w keep the engine busy meanwhile). It is the same
+        # on every rank, so every rank stops here together.
+        loss_value = float(loss.asscalar())
+        if not np.isfinite(loss_value):
+            self._raise_nonfinite(loss_value, parts)
         # Memory bank: momentum SGD on the sampled rows only; b * inv_w scales the
         # radial term of the normalisation (grad_w_j - coef_j * w_j).
         self.ops.sgd_rows(self.weight, self.weight_mom, grad_w, b * inv_w, w, index,
@@ -433,5 +443,14 @@ class PartialFC:
         gxh, xh_mine = grad_xh[mine], xh[mine]
         grad_x = nd.broadcast_mul(
             gxh - nd.broadcast_mul(xh_mine, nd.sum(gxh * xh_mine, axis=1, keepdims=True)), inv_x[mine])
-        # Host sync: the loss as a Python float.
-        return float(loss.asscalar()), grad_x.as_in_context(caller_ctx)
+        return loss_value, grad_x.as_in_context(caller_ctx)
+
+    def _raise_nonfinite(self, loss: float, parts: nd.NDArray) -> None:
+        """Name the ranks whose class shard gave non-finite logits (the embeddings were checked on entry)."""
+        finite = np.isfinite(parts.asnumpy()).reshape(self.world_size, -1).all(axis=1)
+        ranks = [r for r in range(self.world_size) if not finite[r]]
+        shards = "; ".join(f"rank {r} (classes {start}..{start + count - 1})"
+                           for r in ranks for start, count in [shard_range(self.num_classes, r, self.world_size)])
+        where = f"non-finite logits from the centers of {shards}" if ranks else "no single shard (overflow)"
+        raise NonFiniteLossError(f"the loss is {loss}: {where}; stopped before updating the centers "
+                                 f"(lower the learning rate, or resume from the last checkpoint)")

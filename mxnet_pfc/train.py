@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 
@@ -29,7 +30,7 @@ from .files import write_json
 from .inference import ModelError, inference_symbol, load_model
 from .margin import CombinedMarginLoss
 from .module import LRSchedule, PartialFCModule
-from .partial_fc import PartialFC, PartialFCInputError
+from .partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 
 log = logging.getLogger("mxnet_pfc")
 
@@ -278,6 +279,7 @@ def train(cfg: config_lib.Config) -> dict:
                           **{f"val/{name}/best_accuracy": best[name]["accuracy"]})
         return {name: result.as_dict() for name, result in found.items()}
 
+    step = start_step
     try:
         if cfg.val_at_start and start_step == 0:
             verify(0)
@@ -286,9 +288,10 @@ def train(cfg: config_lib.Config) -> dict:
             batch = next(data)            # waits only when decoding falls behind
             window_wait += time.time() - fetch_started
             lr = schedule(step)
-            loss = module.step(batch.data, batch.labels, lr)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"step {step + 1}: the loss is {loss}; stopping before it spreads")
+            try:
+                loss = module.step(batch.data, batch.labels, lr)
+            except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
+                raise type(error)(f"step {step + 1}: {error}") from None
             window_steps += 1
             progress.update(1)
             done = step + 1
@@ -335,6 +338,10 @@ def train(cfg: config_lib.Config) -> dict:
         mx.nd.waitall()
         comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 evaluates and saves
         return summary
+    except Exception as error:
+        if comm.lost_peer(error):
+            raise comm.LostRankError(f"step {step + 1}: {comm.lost_peer_message()}") from None
+        raise
     finally:
         data.close()
         if metrics is not None:
@@ -347,15 +354,30 @@ def main(argv=None) -> int:
     except config_lib.ConfigError as error:
         print(f"mxnet_pfc.train: configuration error: {error}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, stopped_by_launcher)
     try:
         train(cfg)
         comm.shutdown()
     except (DataError, BinFormatError, PartialFCInputError, config_lib.ConfigError, FloatingPointError,
             CheckpointError, ModelError, RuntimeError, OSError) as error:
-        log.error(f"stopping: {error}")
-        print(f"rank {comm.rank()}: {type(error).__name__}: {error}", file=sys.stderr)
+        lost = isinstance(error, comm.LostRankError) or comm.lost_peer(error)
+        message = str(error) if not lost or isinstance(error, comm.LostRankError) else comm.lost_peer_message()
+        hint = "; resume with --resume latest" if lost else ""
+        log.error(f"stopping: {message}{hint}")
+        print(f"rank {comm.rank()}: {type(error).__name__}: {message}{hint}", file=sys.stderr)
+        if lost:
+            comm.abort(1)       # the exit handlers would wait on the failed collective
         return 1
     return 0
+
+
+def stopped_by_launcher(signum, frame) -> None:
+    """SIGTERM: horovodrun and mpirun send it to every rank once one rank has failed."""
+    message = (f"stopping: terminated by the launcher (signal {signum}), which does so when another rank "
+               f"has failed; resume with --resume latest")
+    os.write(2, f"rank {comm.rank()}: {message}\n".encode())     # no lock to wait for, unlike logging
+    log.error(message)
+    comm.abort(128 + signum)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # System packages Horovod needs to build and launch: a C++ toolchain, CMake,
-# Debian's OpenMPI, and libgomp for the mxnet wheel. Skips apt when all are present.
+# Debian's OpenMPI, libgomp for the mxnet wheel, and ssh (horovodrun and mpirun
+# start remote ranks with it; the two-host test runs sshd). Skips apt when all are present.
 set -euo pipefail
 
-PACKAGES=(build-essential cmake openmpi-bin libopenmpi-dev libgomp1)
+PACKAGES=(build-essential cmake openmpi-bin libopenmpi-dev libgomp1 openssh-client openssh-server iproute2)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

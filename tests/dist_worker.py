@@ -6,6 +6,8 @@
                                            written to OUTDIR/rank<R>.json
   dist_worker.py bad-uncaught CASE         one bad-input case, error not caught
   dist_worker.py bad-config                the last rank asks for another num_classes
+  dist_worker.py nan-center OUTDIR VALUE   the last rank's first center is VALUE (nan, inf); writes
+                                           OUTDIR/rank<R>.json (error, centers unchanged)
 """
 import json
 import sys
@@ -15,6 +17,7 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc import CombinedMarginLoss, PartialFC, PartialFCInputError, comm
+from mxnet_pfc.partial_fc import NonFiniteLossError
 
 
 def golden(input_path, out_dir):
@@ -105,9 +108,30 @@ def bad_config():
     print(f"rank {rank}: constructed", flush=True)
 
 
+def nan_center(out_dir, value):
+    """A NaN or Inf center on the last rank: every rank must stop before any center or momentum moves."""
+    rank, world = comm.rank(), comm.size()
+    pfc = PartialFC(CombinedMarginLoss(), embedding_size=8, num_classes=50, sample_rate=1.0)
+    if rank == world - 1:
+        pfc.weight[0] = float(value)
+    pfc.weight_mom[:] = 0.01
+    before = pfc.weight.asnumpy(), pfc.weight_mom.asnumpy()
+    rng = np.random.default_rng(rank)
+    report = {"error": None}
+    try:
+        pfc.forward_backward(mx.nd.array(rng.normal(size=(4, 8))), rng.integers(0, 50, 4))
+    except NonFiniteLossError as err:
+        report["error"] = str(err)
+    report["unchanged"] = bool(np.array_equal(pfc.weight.asnumpy(), before[0], equal_nan=True)
+                               and np.array_equal(pfc.weight_mom.asnumpy(), before[1]))
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(report, f)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     {"golden": lambda: golden(sys.argv[2], sys.argv[3]),
      "bad": lambda: bad(sys.argv[2]),
      "bad-uncaught": lambda: bad_uncaught(sys.argv[2]),
-     "bad-config": bad_config}[mode]()
+     "bad-config": bad_config,
+     "nan-center": lambda: nan_center(sys.argv[2], sys.argv[3])}[mode]()

@@ -1,8 +1,10 @@
 """Start a script on W CPU ranks under horovodrun (Gloo), with a hard timeout."""
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,3 +51,74 @@ def tiny_synthetic_run(data, output, *extra) -> list:
             "--num_classes", 40, "--synthetic_identities", 40, "--synthetic_images_per_identity", 8,
             "--synthetic_val_pairs", 100, "--batch_size", 8, "--lr_base_batch", 16, "--warmup_epochs", 0.1,
             "--output", output, *extra]
+
+
+# The 2-rank reference run of the checkpoint and fault tests (conftest.reference):
+# 30 steps of 20 per epoch, a checkpoint every 8 steps, the newest 2 kept.
+REFERENCE_RUN = ("--max_update", 30, "--save_interval", 8, "--keep_checkpoints", 2, "--frequent", 1,
+                 "--verbose", 10, "--sample_rate", 0.5, "--dropout", 0.2)
+
+
+def losses(output) -> dict:
+    """{step: loss} from rank 0's metrics.jsonl; a step logged twice (resumed runs) keeps the later."""
+    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def final_summary(output) -> dict:
+    return [json.loads(line) for line in open(output / "metrics.jsonl")][-1]["summary"]
+
+
+def start_command(cmd: list, env: "dict | None" = None) -> subprocess.Popen:
+    """CMD started in its own process group, output to a pipe; finish with finish_command."""
+    return subprocess.Popen([str(part) for part in cmd], cwd=REPO, env={**rank_env(), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish_command(proc: subprocess.Popen, timeout: float) -> str:
+    """Its output once it exits; the whole group killed (and the test failed) past `timeout` s."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(proc.args[:8])} ... did not end in {timeout} s; output:\n{out[-4000:]}")
+    return out
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.01, proc=None):
+    """Poll condition() until it returns something true; fail after `timeout` s, or when `proc` ends first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = condition()
+        if found:
+            return found
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the command ended (exit {proc.returncode}) before {what}:\n"
+                                 f"{proc.communicate()[0][-4000:]}")
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def trainer_pid(output, rank: int) -> "int | None":
+    """The PID of the trainer process of `rank` writing to `output` (from /proc), or None."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"mxnet_pfc.train" in cmdline and str(output).encode() in cmdline \
+                and f"HOROVOD_RANK={rank}".encode() in environ:
+            return int(entry)
+    return None
+
+
+def last_logged_step(output) -> int:
+    """The newest step in rank 0's metrics.jsonl (0 before the first)."""
+    try:
+        return max(losses(output), default=0)
+    except (OSError, ValueError):       # not there yet, or a line half-written
+        return 0

@@ -56,6 +56,18 @@ def test_settings_that_differ_across_ranks_are_refused():
                          r"num_classes: rank 0=50, rank 1=51", proc.stdout), proc.stdout[-3000:]
 
 
+@pytest.mark.parametrize("world, value", [(2, "nan"), (3, "nan"), (2, "inf")])
+def test_nan_loss_stops_every_rank_before_a_center_moves(world, value, tmp_path):
+    proc = run_ranks(world, ["tests/dist_worker.py", "nan-center", tmp_path, value], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    start = 50 - 50 // world          # the last rank's shard
+    for report in reports:
+        assert report["error"] and report["unchanged"], report
+        assert re.search(rf"the loss is nan: non-finite logits from the centers of rank {world - 1} "
+                         rf"\(classes {start}\.\.49\); stopped before updating the centers", report["error"])
+
+
 def make_head(num_classes=50, **kw):
     return PartialFC(CombinedMarginLoss(), embedding_size=8, num_classes=num_classes, **kw)
 

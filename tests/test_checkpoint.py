@@ -13,31 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from launch import REPO, config_sh, run_command, run_ranks, tiny_synthetic_run
+from launch import REFERENCE_RUN as RUN, REPO, config_sh, final_summary, losses, run_command, run_ranks, \
+    tiny_synthetic_run
 from mxnet_pfc import checkpoint, files
 from mxnet_pfc.partial_fc import shard_range
-
-RUN = ("--max_update", 30, "--save_interval", 8, "--keep_checkpoints", 2, "--frequent", 1, "--verbose", 10,
-       "--sample_rate", 0.5, "--dropout", 0.2)
-
-
-def losses(output):
-    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
-
-
-def final_summary(output):
-    return [json.loads(line) for line in open(output / "metrics.jsonl")][-1]["summary"]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted 2-rank run: (data folder, output folder)."""
-    root = tmp_path_factory.mktemp("reference")
-    proc = run_command(config_sh(*tiny_synthetic_run(root / "data", root / "run", *RUN)), timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    return root / "data", root / "run"
-
 
 def test_checkpoints_are_written_and_pruned(reference):
     _, run = reference

@@ -107,7 +107,7 @@ def test_label_outside_num_classes_names_the_record(tmp_path):
         writer.write_idx(i, mx.recordio.pack(mx.recordio.IRHeader(0, label, i, 0), encode(solid(0))))
     writer.close()
     it = RecordIter(str(tmp_path / "plain.rec"), batch_size=2, num_classes=5)
-    with pytest.raises(DataError, match="record 1 has label 7.0, outside the classes"):
+    with pytest.raises(DataError, match=r"record 1 \(byte 648\) has label 7.0, outside the classes \[0, 5\)"):
         next(it)
 
 
@@ -117,7 +117,51 @@ def test_undecodable_record_names_the_record(tmp_path):
     writer.add(0, b"not an image")
     writer.close()
     it = RecordIter(str(tmp_path / "train.rec"), batch_size=2, num_classes=1)
-    with pytest.raises(DataError, match="record 2 does not decode"):
+    with pytest.raises(DataError, match=r"record 2 \(byte \d+\) does not decode"):
+        next(it)
+
+
+def test_truncated_rec_is_refused_at_start_with_the_first_missing_record(tmp_path):
+    rec = write_set(tmp_path, (2, 3, 1))
+    reader, _ = open_records(rec)
+    offsets = dict(reader.idx)
+    reader.close()
+    size = os.path.getsize(rec)
+    os.truncate(rec, size - 5)                   # the last record (an identity record) loses its end
+    with pytest.raises(DataError, match=rf"the last record \(9, at byte {offsets[9]}\) ends at byte {size}, "
+                                        rf"past the end of the file \({size - 5} bytes\): the .rec is truncated"):
+        RecordIter(rec, batch_size=2, num_classes=3)
+    os.truncate(rec, offsets[5] + 3)             # records 5.. gone
+    with pytest.raises(DataError, match=rf"is {offsets[5] + 3} bytes, but .*train.idx places 5 of its 10 records "
+                                        rf"at or beyond that \(first: record 5 at byte {offsets[5]}\)"):
+        RecordIter(rec, batch_size=2, num_classes=3)
+
+
+def test_truncated_idx_is_refused(tmp_path):
+    rec = write_set(tmp_path, (2, 3, 1))
+    idx = tmp_path / "train.idx"
+    lines = idx.read_bytes().splitlines(keepends=True)
+    idx.write_bytes(b"".join(lines[:-1]) + lines[-1][:-3])          # cut inside the last line
+    with pytest.raises(DataError, match="the last line is cut off .*: the index is truncated"):
+        RecordIter(rec, batch_size=2, num_classes=3)
+    idx.write_bytes(b"".join(lines[:7]))                             # whole lines missing
+    with pytest.raises(DataError, match="lists 7 records, but the header of .* announces 10: the index is truncated"):
+        RecordIter(rec, batch_size=2, num_classes=3)
+    idx.write_bytes(b"".join(lines[:3]) + b"garbage\n" + b"".join(lines[4:]))
+    with pytest.raises(DataError, match="a line is not 'record<TAB>byte offset'"):
+        RecordIter(rec, batch_size=2, num_classes=3)
+
+
+def test_damaged_record_is_named_with_its_byte_offset(tmp_path):
+    rec = write_set(tmp_path, (2, 3, 1))
+    reader, _ = open_records(rec)
+    offset = reader.idx[4]
+    reader.close()
+    with open(rec, "r+b") as f:                  # record 4's RecordIO magic number overwritten
+        f.seek(offset)
+        f.write(b"\xff" * 4)
+    it = RecordIter(rec, batch_size=6, num_classes=3, rand_mirror=False)
+    with pytest.raises(DataError, match=rf"record 4 \(byte {offset}\) cannot be read"):
         next(it)
 
 

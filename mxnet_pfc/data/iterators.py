@@ -15,7 +15,7 @@ import cv2
 import mxnet as mx
 import numpy as np
 
-from .records import DataError, image_label, open_records
+from .records import DataError, image_label, open_records, read_record
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +86,16 @@ class RecordIter:
 
     def _decode(self, args) -> "tuple[np.ndarray, float]":
         record, raw, mirror = args
+        where = f"{self.records.rec_path}: record {record} (byte {self.reader.idx[record]})"
         header, payload = mx.recordio.unpack(raw)
         label = image_label(header)
         if not (0 <= label < self.num_classes and label == int(label)):
-            raise DataError(f"{self.records.rec_path}: record {record} has label {label}, "
-                            f"outside the classes [0, {self.num_classes})")
+            raise DataError(f"{where} has label {label}, outside the classes [0, {self.num_classes})")
         image = cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR)
         if image is None:
-            raise DataError(f"{self.records.rec_path}: record {record} does not decode as an image")
+            raise DataError(f"{where} does not decode as an image")
         if image.shape[:2] != self.image_size:
-            raise DataError(f"{self.records.rec_path}: record {record} is {image.shape[1]}x{image.shape[0]}, "
+            raise DataError(f"{where} is {image.shape[1]}x{image.shape[0]}, "
                             f"expected {self.image_size[1]}x{self.image_size[0]}")
         image = image[:, ::-1, ::-1] if mirror else image[:, :, ::-1]        # BGR -> RGB (and mirror)
         return image, label
@@ -110,7 +110,7 @@ class RecordIter:
                     mirror_rng.random(skip * self.batch_size)      # the draws of the skipped steps
                 for positions in order[skip:]:
                     records = self.records.image_records[positions]
-                    raws = [self.reader.read_idx(int(r)) for r in records]
+                    raws = [read_record(self.reader, int(r), self.records.rec_path) for r in records]
                     mirrors = mirror_rng.random(len(records)) < 0.5 if self.rand_mirror else [False] * len(records)
                     decoded = list(self._pool.map(self._decode, zip(records, raws, mirrors)))
                     data = np.stack([image for image, _ in decoded])      # uint8 NHWC: the least work here

@@ -43,11 +43,23 @@ def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.record
     for path in (rec_path, idx_path):
         if not os.path.isfile(path):
             raise DataError(f"{path}: no such file")
-    reader = mx.recordio.MXIndexedRecordIO(idx_path, rec_path, "r")
+    with open(idx_path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        last = b"\n"
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+        if last != b"\n":
+            raise DataError(f"{idx_path}: the last line is cut off (no newline at the end): the index is truncated")
+    try:
+        reader = mx.recordio.MXIndexedRecordIO(idx_path, rec_path, "r")
+    except (IndexError, ValueError) as error:
+        raise DataError(f"{idx_path}: a line is not 'record<TAB>byte offset' ({error}): the index is damaged") from None
     if not reader.keys:
         raise DataError(f"{idx_path}: empty index")
+    check_offsets(reader, rec_path, idx_path)
     first = min(reader.keys)
-    header, _ = mx.recordio.unpack(reader.read_idx(first))
+    header, _ = mx.recordio.unpack(read_record(reader, first, rec_path))
     if header.flag > 0 and first == 0:
         first_identity, end = (int(v) for v in np.asarray(header.label).ravel()[:2])
         if not 1 <= first_identity <= end:
@@ -55,10 +67,52 @@ def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.record
                             "expected 1 <= first_identity_record <= end")
         images = np.arange(1, first_identity, dtype=np.int64)
         identities = end - first_identity
+        if len(reader.keys) < end:
+            raise DataError(f"{idx_path}: lists {len(reader.keys)} records, but the header of {rec_path} "
+                            f"announces {end}: the index is truncated")
     else:
         images = np.array(sorted(reader.keys), dtype=np.int64)
         identities = None
     return reader, RecordSet(rec_path, idx_path, images, identities)
+
+
+RECORD_MAGIC = 0xCED7230A      # dmlc RecordIO: every record starts with it, then a 32-bit length word
+
+
+def check_offsets(reader: mx.recordio.MXIndexedRecordIO, rec_path: str, idx_path: str) -> None:
+    """Refuse a .rec shorter than its index says (a cut copy), before training starts.
+
+    Cheap: the offsets are in memory, and only the last record's 8-byte head is read.
+    """
+    size = os.path.getsize(rec_path)
+    offsets = np.fromiter(reader.idx.values(), dtype=np.int64, count=len(reader.idx))
+    beyond = int((offsets + 8 > size).sum())
+    if beyond:
+        key, offset = min(((k, o) for k, o in reader.idx.items() if o + 8 > size), key=lambda item: item[1])
+        raise DataError(f"{rec_path}: is {size} bytes, but {idx_path} places {beyond} of its {len(offsets)} "
+                        f"records at or beyond that (first: record {key} at byte {offset}): the .rec is truncated")
+    key, offset = max(reader.idx.items(), key=lambda item: item[1])
+    with open(rec_path, "rb") as f:
+        f.seek(offset)
+        magic, length_word = np.frombuffer(f.read(8), dtype="<u4")
+    end = offset + 8 + (int(length_word) & ((1 << 29) - 1))
+    if magic != RECORD_MAGIC or end > size:
+        raise DataError(f"{rec_path}: the last record ({key}, at byte {offset}) "
+                        + ("does not start with the RecordIO magic number" if magic != RECORD_MAGIC
+                           else f"ends at byte {end}, past the end of the file ({size} bytes)")
+                        + ": the .rec is truncated or does not match its index")
+
+
+def read_record(reader: mx.recordio.MXIndexedRecordIO, key: int, rec_path: str) -> bytes:
+    """The raw record `key`; a damaged one is named with its byte offset."""
+    try:
+        raw = reader.read_idx(key)
+    except mx.base.MXNetError as error:
+        raise DataError(f"{rec_path}: record {key} (byte {reader.idx.get(key)}) cannot be read: "
+                        f"{str(error).strip().splitlines()[0]}") from None
+    if raw is None:
+        raise DataError(f"{rec_path}: record {key} (byte {reader.idx.get(key)}) is past the end of the file")
+    return raw
 
 
 def image_label(header: mx.recordio.IRHeader) -> float:

@@ -115,7 +115,8 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
 #pragma omp simd reduction(+ : total)
       for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(row[j] - row_max);
     }
-    lse[i] = total > 0.0f ? row_max + std::log(total) : kEmptyLse;
+    // total is 0 only for a row with no column; NaN (from a NaN or Inf logit) passes on
+    lse[i] = total > 0.0f ? row_max + std::log(total) : (total == 0.0f ? kEmptyLse : total);
   }
   return MX_SUCCESS;
 }

@@ -1,0 +1,115 @@
+"""Faults on 2 ranks: a rank killed mid-training or mid-save, NaN centers, a damaged data set.
+
+Each run is the reference run of conftest (30 steps, a checkpoint every 8)
+interrupted somewhere; what follows must be what the uninterrupted run did.
+"""
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+
+from launch import (REFERENCE_RUN, config_sh, finish_command, last_logged_step, losses, run_command,
+                    start_command, tiny_synthetic_run, trainer_pid, wait_until)
+from mxnet_pfc import checkpoint
+
+# A dead process closes its sockets and the launcher ends the job at once (measured
+# well under a second here); this allows for a slow, loaded machine.
+LOST_RANK_BOUND_S = 20
+
+
+def kill_rank(output, rank):
+    pid = wait_until(lambda: trainer_pid(output, rank), 30, f"rank {rank}'s trainer")
+    os.kill(pid, signal.SIGKILL)
+    return time.time()
+
+
+def test_killed_rank_stops_the_job_and_resume_continues_the_loss_curve(reference, tmp_path):
+    data, uninterrupted = reference
+    output = tmp_path / "run"
+    proc = start_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN)))
+    wait_until(lambda: last_logged_step(output) >= 18, 240, "step 18 (past the step-16 checkpoint)", proc=proc)
+    killed_at = kill_rank(output, 1)
+    out = finish_command(proc, timeout=120)
+    stopped_after = time.time() - killed_at
+    assert proc.returncode != 0, out[-3000:]
+    assert stopped_after < LOST_RANK_BOUND_S, f"the job took {stopped_after:.1f} s to stop"
+    assert "exit with status code 137" in out                          # horovodrun names the lost rank
+    # Rank 0 says why it stopped: its collective failed, or the launcher ended it.
+    assert "[0]<stderr>:rank 0: " in out and ("another rank has failed" in out or "lost contact" in out), out[-3000:]
+    assert "done:" not in out
+    killed_step = last_logged_step(output)
+    latest = checkpoint.list_steps(output / "checkpoints")[-1]
+    assert 16 <= latest < killed_step + 1
+
+    resumed = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--resume", "latest")),
+                          timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert f"resuming from {output / 'checkpoints' / checkpoint.step_dir('', latest)}" in resumed.stdout
+    # The whole curve (steps 1..latest from the killed run, the rest resumed) is the uninterrupted one.
+    expected, got = losses(uninterrupted), losses(output)
+    assert sorted(got) == list(range(1, 31))
+    np.testing.assert_allclose([got[s] for s in range(1, 31)], [expected[s] for s in range(1, 31)], rtol=1e-5)
+
+
+def test_kill_during_a_checkpoint_save_leaves_the_previous_one(reference, tmp_path):
+    data, _ = reference
+    output = tmp_path / "run"
+    # 200k classes: each rank writes ~400 MB of centers and momentum, so the save lasts long enough to be hit.
+    run = tiny_synthetic_run(data, output, *REFERENCE_RUN, "--num_classes", 200_000, "--synthetic_identities", 0,
+                             "--sample_rate", 0.01)
+    proc = start_command(config_sh(*run))
+    partial = output / "checkpoints" / "step-00000016.tmp"
+    wait_until(partial.exists, 240, "the step-16 save to begin", interval=0.002, proc=proc)
+    kill_rank(output, 0)                  # rank 0 is the one that completes a checkpoint
+    out = finish_command(proc, timeout=120)
+    assert proc.returncode != 0, out[-3000:]
+    root = output / "checkpoints"
+    assert partial.exists() and checkpoint.list_steps(root) == [8], os.listdir(root)
+    assert checkpoint.locate(root, "latest") == str(root / "step-00000008")
+
+    resumed = run_command(config_sh(*run, "--resume", "latest", "--max_update", 17, "--val_targets", ""),
+                          timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert "at step 8, epoch 0" in resumed.stdout
+    assert checkpoint.list_steps(root) == [16, 17] and not partial.exists()   # the stale .tmp is cleared
+
+
+def test_nan_centers_stop_the_run_at_the_step_naming_the_rank(reference, tmp_path):
+    data, uninterrupted = reference
+    output = tmp_path / "run"
+    saved = output / "checkpoints" / "step-00000024"
+    shutil.copytree(uninterrupted / "checkpoints" / "step-00000024", saved)
+    centers = np.load(saved / "centers-rank00001.npy")
+    centers[:] = np.nan
+    np.save(saved / "centers-rank00001.npy", centers)
+    proc = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--resume", "latest")),
+                       timeout=300)
+    assert proc.returncode != 0
+    message = ("step 25: the loss is nan: non-finite logits from the centers of rank 1 (classes 20..39); "
+               "stopped before updating the centers")
+    assert f"rank 0: NonFiniteLossError: {message}" in proc.stdout, proc.stdout[-3000:]
+    for rank in (0, 1):        # rank 1 may be ended by the launcher before it prints; its log has it
+        assert f"rank{rank} ERROR stopping: {message}" in (output / "logs" / f"rank{rank}.log").read_text()
+    assert checkpoint.list_steps(output / "checkpoints") == [24]        # nothing written after it
+
+
+def test_undecodable_record_stops_every_rank_with_its_position(tmp_path):
+    data = tmp_path / "data"
+    setup = run_command(config_sh(*tiny_synthetic_run(data, tmp_path / "first", "--max_update", 1,
+                                                      "--val_targets", "")), timeout=300)
+    assert setup.returncode == 0, setup.stdout[-3000:]
+    # Overwrite record 7's image bytes (past its 8-byte RecordIO head and 24-byte IRHeader).
+    from mxnet_pfc.data.records import open_records
+    reader, _ = open_records(str(data / "train.rec"))
+    offset = reader.idx[7]
+    reader.close()
+    with open(data / "train.rec", "r+b") as f:
+        f.seek(offset + 8 + 24)
+        f.write(b"\0" * 64)
+    proc = run_command(config_sh(*tiny_synthetic_run(data, tmp_path / "run", "--max_update", 40,
+                                                     "--val_targets", "")), timeout=300)
+    assert proc.returncode != 0
+    assert f"record 7 (byte {offset}) does not decode as an image" in proc.stdout, proc.stdout[-3000:]
+    assert "done:" not in proc.stdout
