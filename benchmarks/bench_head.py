@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from mxnet_pfc import CombinedMarginLoss, PartialFC, comm  # noqa: E402
+from mxnet_pfc.plan import head_memory  # noqa: E402
 
 nd = mx.nd
 
@@ -114,10 +115,14 @@ def main(argv=None):
         "samples_per_s": round(N / step_s, 1), "samples_per_s_per_rank": round(B / step_s, 1),
         "peak_rss_mb": [round(row[2]) for row in table],   # after the warm-up steps, head only
         "bank_mb_per_rank": [round(row[4] * D * 4 * 2 / 2 ** 20) for row in table],
+        # mxnet_pfc.plan's prediction of the head's own memory on the largest shard
+        "model_head_mb": round(head_memory(args.num_classes, world, D, args.sample_rate, B).total / 2 ** 20),
     }
     print("rank  step ms  matmuls ms  ratio  sampled  local centers  peak RSS MB")
     for r, (h, f, mem, ns, nl) in enumerate(table):
         print(f"{r:4d} {h * 1e3:8.1f} {f * 1e3:11.1f} {h / f:6.2f} {int(ns):8d} {int(nl):14d} {mem:12.0f}")
+    print(f"[bench_head] the memory model (mxnet_pfc.plan) predicts {result['model_head_mb']} MB for the head "
+          f"per rank, on top of the process's own", flush=True)
     print(f"[bench_head] step {result['step_ms']} ms (matmuls alone {result['matmul_ms']} ms, "
           f"ratio {result['ratio']}), {result['samples_per_s']} samples/s "
           f"({result['samples_per_s_per_rank']} per rank)", flush=True)

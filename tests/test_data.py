@@ -6,7 +6,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxnet_pfc.data import pack, synthetic
+from mxnet_pfc.data import check, pack, synthetic
 from mxnet_pfc.data.iterators import DummyIter, RecordIter, epoch_order
 from mxnet_pfc.data.records import DataError, RecordWriter, open_records, read_property
 
@@ -163,6 +163,27 @@ def test_damaged_record_is_named_with_its_byte_offset(tmp_path):
     it = RecordIter(rec, batch_size=6, num_classes=3, rand_mirror=False)
     with pytest.raises(DataError, match=rf"record 4 \(byte {offset}\) cannot be read"):
         next(it)
+
+
+def test_check_command_lists_every_damaged_record(tmp_path, capsys):
+    rec = write_set(tmp_path, (2, 3, 1))
+    assert check.main([str(tmp_path)]) == 0
+    assert "6 image records, 3 classes: sound" in capsys.readouterr().out
+    reader, _ = open_records(rec)
+    offsets = dict(reader.idx)
+    reader.close()
+    with open(rec, "r+b") as f:
+        f.seek(offsets[2])                       # record 2: RecordIO header damaged
+        f.write(b"\xff" * 4)
+        f.seek(offsets[5] + 8 + 24)              # record 5: image bytes overwritten
+        f.write(b"\0" * 32)
+    assert check.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"record 2 (byte {offsets[2]}) cannot be read" in out
+    assert f"record 5 (byte {offsets[5]}) does not decode as an image" in out
+    assert "2 damaged record(s)" in out
+    assert check.main([str(tmp_path), "--num-classes", "2"]) == 1          # record 6 has label 2
+    assert "record 6 (byte" in capsys.readouterr().out
 
 
 def test_missing_files_are_named(tmp_path):

@@ -11,11 +11,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-import cv2
 import mxnet as mx
 import numpy as np
 
-from .records import DataError, image_label, open_records, read_record
+from .records import DataError, decode_image_record, open_records, read_record
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +85,8 @@ class RecordIter:
 
     def _decode(self, args) -> "tuple[np.ndarray, float]":
         record, raw, mirror = args
-        where = f"{self.records.rec_path}: record {record} (byte {self.reader.idx[record]})"
-        header, payload = mx.recordio.unpack(raw)
-        label = image_label(header)
-        if not (0 <= label < self.num_classes and label == int(label)):
-            raise DataError(f"{where} has label {label}, outside the classes [0, {self.num_classes})")
-        image = cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR)
-        if image is None:
-            raise DataError(f"{where} does not decode as an image")
-        if image.shape[:2] != self.image_size:
-            raise DataError(f"{where} is {image.shape[1]}x{image.shape[0]}, "
-                            f"expected {self.image_size[1]}x{self.image_size[0]}")
+        image, label = decode_image_record(raw, record, self.reader.idx[record], self.records.rec_path,
+                                           self.num_classes, self.image_size)
         image = image[:, ::-1, ::-1] if mirror else image[:, :, ::-1]        # BGR -> RGB (and mirror)
         return image, label
 

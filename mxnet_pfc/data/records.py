@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import cv2
 import mxnet as mx
 import numpy as np
 
@@ -109,10 +110,26 @@ def read_record(reader: mx.recordio.MXIndexedRecordIO, key: int, rec_path: str) 
         raw = reader.read_idx(key)
     except mx.base.MXNetError as error:
         raise DataError(f"{rec_path}: record {key} (byte {reader.idx.get(key)}) cannot be read: "
-                        f"{str(error).strip().splitlines()[0]}") from None
+                        f"{str(error).strip().splitlines()[-1]}") from None
     if raw is None:
         raise DataError(f"{rec_path}: record {key} (byte {reader.idx.get(key)}) is past the end of the file")
     return raw
+
+
+def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_classes: int,
+                        image_size: "tuple[int, int]") -> "tuple[np.ndarray, float]":
+    """(BGR image, class id) of an image record; anything wrong is a DataError naming its position."""
+    where = f"{rec_path}: record {key} (byte {offset})"
+    header, payload = mx.recordio.unpack(raw)
+    label = image_label(header)
+    if not (0 <= label < num_classes and label == int(label)):
+        raise DataError(f"{where} has label {label}, outside the classes [0, {num_classes})")
+    image = cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise DataError(f"{where} does not decode as an image")
+    if image.shape[:2] != tuple(image_size):
+        raise DataError(f"{where} is {image.shape[1]}x{image.shape[0]}, expected {image_size[1]}x{image_size[0]}")
+    return image, label
 
 
 def image_label(header: mx.recordio.IRHeader) -> float:

@@ -1,0 +1,91 @@
+"""Read every record of a RecordIO set once and report every damaged one, before a long run.
+
+    python -m mxnet_pfc.data.check DATA/            (or DATA/train.rec)
+
+Training stops at the first bad record it meets, which may be days in; this
+finds them all in one pass: the index and file size (as at training start),
+then each image record's RecordIO header, label range and decoding. The class
+count comes from DATA/property unless --num-classes is given. Exit status 0
+when the set is sound, 1 when anything is wrong (each problem listed).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from tqdm import tqdm
+
+from .records import DataError, decode_image_record, open_records, read_property, read_record
+
+
+def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]", threads: int = 4,
+                  progress: bool = True) -> "tuple[int, list[str]]":
+    """(image records read, problems found); a set that cannot be opened at all raises DataError."""
+    reader, records = open_records(rec_path)
+    keys = [int(k) for k in records.image_records]
+    problems = []
+    if records.num_identities is not None and records.num_identities > num_classes:
+        problems.append(f"{rec_path}: the header lists {records.num_identities} identities, "
+                        f"more than the {num_classes} classes")
+
+    # One reader: reads stay in order on this thread; decoding (OpenCV releases the GIL) runs in the pool.
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        chunk = 1024
+        with tqdm(total=len(keys), desc="records", unit="img", disable=not progress, file=sys.stderr,
+                  mininterval=2) as bar:
+            for start in range(0, len(keys), chunk):
+                part = keys[start:start + chunk]
+                raws = []
+                for key in part:
+                    try:
+                        raws.append((key, read_record(reader, key, rec_path)))
+                    except DataError as error:
+                        problems.append(str(error))
+                found = pool.map(lambda item: _decode_problem(item, reader, rec_path, num_classes, image_size),
+                                 raws)
+                problems.extend(p for p in found if p)
+                bar.update(len(part))
+    reader.close()
+    return len(keys), problems
+
+
+def _decode_problem(item, reader, rec_path, num_classes, image_size) -> "str | None":
+    key, raw = item
+    try:
+        decode_image_record(raw, key, reader.idx[key], rec_path, num_classes, image_size)
+    except DataError as error:
+        return str(error)
+    except Exception as error:          # a header too short to unpack, and the like
+        return f"{rec_path}: record {key} (byte {reader.idx[key]}): {type(error).__name__}: {error}"
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mxnet_pfc.data.check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data", help="the set's folder (with train.rec, train.idx, property) or its .rec file")
+    p.add_argument("--num-classes", type=int, help="class count (default: from the folder's property file)")
+    p.add_argument("--image-size", type=int, default=112, help="expected width and height (default 112)")
+    p.add_argument("--threads", type=int, default=4, help="decoding threads (default 4)")
+    p.add_argument("--show", type=int, default=20, help="problems listed in full (default 20; all are counted)")
+    args = p.parse_args(argv)
+    rec = args.data if args.data.endswith(".rec") else os.path.join(args.data, "train.rec")
+    try:
+        num_classes = args.num_classes or read_property(os.path.dirname(rec) or ".")[0]
+        total, problems = check_records(rec, num_classes, (args.image_size, args.image_size), args.threads)
+    except DataError as error:
+        print(f"{rec}: cannot be used: {error}", file=sys.stderr)
+        return 1
+    for problem in problems[:args.show]:
+        print(problem)
+    if len(problems) > args.show:
+        print(f"... and {len(problems) - args.show} more")
+    verdict = "sound" if not problems else f"{len(problems)} damaged record(s)"
+    print(f"{rec}: {total} image records, {num_classes} classes: {verdict}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

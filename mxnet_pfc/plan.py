@@ -1,0 +1,169 @@
+"""How much memory the Partial FC head needs per rank, and the largest sample rate or batch that fits.
+
+    python -m mxnet_pfc.plan --classes 10e6 --world 8 --device-memory 11 --reserve 6
+    python -m mxnet_pfc.plan --published
+
+The model counts the head's own arrays on one rank (the rank with the most
+classes), as mxnet_pfc.partial_fc allocates them:
+
+  centers, momentum   num_local x D, in the storage dtype (float32 here)
+  sampler table       num_local + 1 int32 slots (none at sample rate 1)
+  sampled buffers     S gathered centers and their gradient (S x D float32 each),
+                      inverse norms, indices, and the sampler's draws
+  logits              N x S float32 (N = global batch); the softmax gradient
+                      is written over them in place
+  gradients           N x D float32 four times: gathered embeddings, normalised
+                      ones, their gradient and its allreduce
+
+S = max(int(rate x num_local), the global batch's positives <= N). The
+backbone, its activations and the framework's own memory are not in it: pass
+them as --reserve (measure a run with a small head to find yours).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from .partial_fc import expected_draws, shard_range
+
+GIB = 2 ** 30
+DTYPE_BYTES = {"float32": 4, "float16": 2}
+
+# Published Partial FC settings (An et al., arXiv:2010.05222 and ICCVW 2021):
+# (what, identities, GPUs, device memory GiB)
+PUBLISHED = [
+    ("10M identities on 8 RTX 2080 Ti", 10_000_000, 8, 11),
+    ("29M identities on 8 V100 32GB", 29_000_000, 8, 32),
+    ("100M identities on 64 RTX 2080 Ti", 100_000_000, 64, 11),
+]
+
+
+@dataclass(frozen=True)
+class HeadMemory:
+    """Bytes per rank of each part of the head."""
+    num_local: int
+    num_sample: int
+    centers: int
+    momentum: int
+    sampler_table: int
+    sampled: int
+    logits: int
+    gradients: int
+
+    @property
+    def total(self) -> int:
+        return (self.centers + self.momentum + self.sampler_table + self.sampled + self.logits
+                + self.gradients)
+
+    def rows(self) -> "list[tuple[str, int]]":
+        return [("centers", self.centers), ("momentum", self.momentum), ("sampler table", self.sampler_table),
+                ("sampled buffers", self.sampled), ("logits", self.logits), ("embedding gradients", self.gradients),
+                ("head total", self.total)]
+
+
+def head_memory(classes: int, world: int, embedding: int, rate: float, batch: int,
+                dtype: str = "float32") -> HeadMemory:
+    """The head's bytes on the rank holding the most classes; batch is per rank."""
+    num_local = shard_range(classes, 0, world)[1]       # rank 0 holds the most
+    n = batch * world
+    full = rate >= 1.0
+    num_sample = num_local if full else min(num_local, max(int(rate * num_local), n))
+    bank = num_local * embedding * DTYPE_BYTES[dtype]
+    if full:
+        draws, table = 0, num_local * 4          # an arange of every local class
+    else:
+        # candidates drawn with replacement (int32 draws and their keys), then the slot table
+        draws = expected_draws(num_local, num_sample) + n
+        table = (num_local + 1) * 4
+    sampled = num_sample * embedding * 4 * 2 + num_sample * 4 * 3 + draws * 4 * 2
+    return HeadMemory(num_local, num_sample, centers=bank, momentum=bank, sampler_table=table, sampled=sampled,
+                      logits=n * num_sample * 4, gradients=n * embedding * 4 * 4)
+
+
+def largest_rate(classes, world, embedding, batch, dtype, budget) -> "float | None":
+    """The largest sample rate (to 0.001) whose head fits in `budget` bytes; None if none does."""
+    fits = lambda r: head_memory(classes, world, embedding, r, batch, dtype).total <= budget  # noqa: E731
+    if fits(1.0):
+        return 1.0
+    if not fits(0.0):
+        return None
+    low, high = 0, 1000
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid / 1000) else (low, mid)
+    return low / 1000
+
+
+def largest_batch(classes, world, embedding, rate, dtype, budget) -> int:
+    """The largest per-rank batch whose head fits in `budget` bytes (0 if not even 1)."""
+    fits = lambda b: head_memory(classes, world, embedding, rate, b, dtype).total <= budget  # noqa: E731
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high) and high < 2 ** 24:
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def report(what: str, classes: int, world: int, embedding: int, rate: float, batch: int, dtype: str,
+           device_gib: "float | None", reserve_gib: float) -> str:
+    memory = head_memory(classes, world, embedding, rate, batch, dtype)
+    lines = [f"{what}: {classes:,} classes on {world} ranks ({memory.num_local:,} per rank), embedding {embedding}, "
+             f"sample rate {rate} ({memory.num_sample:,} sampled per rank), batch {batch}/rank "
+             f"({batch * world:,} global), {dtype} centers and momentum"]
+    lines += [f"  {name:<20} {size / GIB:9.3f} GiB" for name, size in memory.rows()]
+    if device_gib:
+        budget = int((device_gib - reserve_gib) * GIB)
+        verdict = "fits" if memory.total <= budget else "does NOT fit"
+        lines.append(f"  device {device_gib:g} GiB - reserve {reserve_gib:g} GiB for the rest = "
+                     f"{budget / GIB:.2f} GiB for the head: {verdict}")
+        rate_max = largest_rate(classes, world, embedding, batch, dtype, budget)
+        batch_max = largest_batch(classes, world, embedding, rate, dtype, budget)
+        lines.append("  largest sample rate at this batch: "
+                     + ("none (the centers alone do not fit)" if rate_max is None else f"{rate_max:g}"))
+        lines.append(f"  largest batch per rank at this rate: {batch_max:,}" if batch_max else
+                     "  largest batch per rank at this rate: none")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mxnet_pfc.plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classes", type=float, default=10e6, help="identities in all (default 1e7; 10e6 is accepted)")
+    p.add_argument("--world", type=int, default=8, help="ranks (GPUs) in all (default 8)")
+    p.add_argument("--embedding", type=int, default=512, help="embedding size (default 512)")
+    p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers per step")
+    p.add_argument("--batch", type=int, default=128, help="images per rank per step (default 128)")
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32",
+                   help="storage of centers and momentum (the trainer stores float32; float16 is what-if)")
+    p.add_argument("--device-memory", type=float, help="GiB per device; with it, what fits is worked out")
+    p.add_argument("--reserve", type=float, default=0.0,
+                   help="GiB per device taken by the backbone, activations and framework (default 0)")
+    p.add_argument("--published", action="store_true", help="print the published Partial FC settings instead")
+    args = p.parse_args(argv)
+    if args.classes < 1 or args.world < 1 or args.embedding < 1 or args.batch < 1:
+        p.error("--classes, --world, --embedding and --batch must be positive")
+    if not 0 < args.sample_rate <= 1:
+        p.error("--sample-rate must be in (0, 1]")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.published:
+        for what, classes, world, device in PUBLISHED:
+            print(report(what, classes, world, args.embedding, args.sample_rate, args.batch, args.dtype,
+                         device, args.reserve))
+            print()
+        return 0
+    print(report("plan", int(args.classes), args.world, args.embedding, args.sample_rate, args.batch, args.dtype,
+                 args.device_memory, args.reserve))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

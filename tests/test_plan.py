@@ -1,0 +1,59 @@
+"""The memory planner: its model against the arrays the head really allocates, and the search for what fits."""
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from launch import REPO, rank_env
+from mxnet_pfc import CombinedMarginLoss, PartialFC
+from mxnet_pfc.plan import GIB, head_memory, largest_batch, largest_rate
+
+
+@pytest.mark.parametrize("rate", [0.1, 1.0])
+def test_model_counts_what_the_head_allocates(rate):
+    classes, dim, batch = 20_000, 16, 8
+    head = PartialFC(CombinedMarginLoss(), embedding_size=dim, num_classes=classes, sample_rate=rate)
+    rng = np.random.default_rng(0)
+    head.forward_backward(mx.nd.array(rng.normal(size=(batch, dim))), rng.integers(0, classes, batch))
+    model = head_memory(classes, 1, dim, rate, batch)
+    assert model.num_sample == head.sampled_index.shape[0]
+    assert model.centers == head.weight.size * 4 and model.momentum == head.weight_mom.size * 4
+    table = head.sampler._table if rate < 1 else head.sampler._all
+    assert model.sampler_table == table.size * 4
+    logits = head.workspace._flat["logits"]
+    assert model.logits == logits.size * 4
+    if rate < 1:
+        assert model.sampled >= 2 * head.workspace._flat["centers"].size * 4
+
+
+def test_published_ten_million_on_eight_gpus_by_hand():
+    m = head_memory(10_000_000, 8, 512, 0.1, 128)
+    assert m.num_local == 1_250_000 and m.num_sample == 125_000
+    assert m.centers == m.momentum == 1_250_000 * 512 * 4
+    assert m.logits == 1024 * 125_000 * 4
+    assert head_memory(10_000_000, 8, 512, 0.1, 128, "float16").centers == m.centers // 2
+
+
+def test_largest_rate_and_batch_are_the_edges_of_what_fits():
+    budget = 7 * GIB
+    rate = largest_rate(10_000_000, 8, 512, 128, "float32", budget)
+    assert head_memory(10_000_000, 8, 512, rate, 128).total <= budget
+    assert head_memory(10_000_000, 8, 512, rate + 0.001, 128).total > budget
+    batch = largest_batch(10_000_000, 8, 512, 0.1, "float32", budget)
+    assert head_memory(10_000_000, 8, 512, 0.1, batch).total <= budget < head_memory(10_000_000, 8, 512, 0.1,
+                                                                                      batch + 1).total
+    assert largest_rate(10_000_000, 8, 512, 128, "float32", GIB) is None      # centers alone exceed 1 GiB
+
+
+def test_command_prints_the_published_settings_and_has_help():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "mxnet_pfc.plan", *a], cwd=REPO, env=rank_env(),  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    out = run("--published", "--reserve", "4")
+    assert out.returncode == 0, out.stderr
+    for what in ("10M identities on 8 RTX 2080 Ti", "100M identities on 64 RTX 2080 Ti", "largest sample rate"):
+        assert what in out.stdout
+    assert run("--help").returncode == 0
+    bad = run("--sample-rate", "0")
+    assert bad.returncode == 2 and "--sample-rate must be in (0, 1]" in bad.stderr
