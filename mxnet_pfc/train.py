@@ -360,11 +360,12 @@ def main(argv=None) -> int:
         comm.shutdown()
     except (DataError, BinFormatError, PartialFCInputError, config_lib.ConfigError, FloatingPointError,
             CheckpointError, ModelError, RuntimeError, OSError) as error:
-        lost = isinstance(error, comm.LostRankError) or comm.lost_peer(error)
-        message = str(error) if not lost or isinstance(error, comm.LostRankError) else comm.lost_peer_message()
+        if comm.lost_peer(error) and not isinstance(error, comm.LostRankError):   # outside the step loop
+            error = comm.LostRankError(comm.lost_peer_message())
+        lost = isinstance(error, comm.LostRankError)
         hint = "; resume with --resume latest" if lost else ""
-        log.error(f"stopping: {message}{hint}")
-        print(f"rank {comm.rank()}: {type(error).__name__}: {message}{hint}", file=sys.stderr)
+        log.error(f"stopping: {error}{hint}")
+        print(f"rank {comm.rank()}: {type(error).__name__}: {error}{hint}", file=sys.stderr)
         if lost:
             comm.abort(1)       # the exit handlers would wait on the failed collective
         return 1
