@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,14 @@ using namespace mxnet::ext;
 namespace {
 
 const float kEmptyLse = -1e30f;   // log-sum-exp of no column
+
+// NaN or Inf, read from the bits: -ffast-math lets the compiler fold std::isnan
+// and comparisons with NaN away, not an integer test.
+inline bool not_finite(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return (bits & 0x7f800000u) == 0x7f800000u;
+}
 
 float attr_float(const std::unordered_map<std::string, std::string>& attrs, const char* key) {
   auto it = attrs.find(key);
@@ -115,8 +124,9 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
 #pragma omp simd reduction(+ : total)
       for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(row[j] - row_max);
     }
-    // total is 0 only for a row with no column; NaN (from a NaN or Inf logit) passes on
-    lse[i] = total > 0.0f ? row_max + std::log(total) : (total == 0.0f ? kEmptyLse : total);
+    // total is 0 only for a row with no column. A NaN or Inf logit makes it NaN: pass
+    // that on (the caller stops the step), instead of letting the comparison hide it.
+    lse[i] = not_finite(total) ? total : (total > 0.0f ? row_max + std::log(total) : kEmptyLse);
   }
   return MX_SUCCESS;
 }
