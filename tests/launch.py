@@ -28,16 +28,9 @@ def run_ranks(world_size: int, args: list, timeout: float, env: "dict | None" = 
 
 def run_command(cmd: list, timeout: float, env: "dict | None" = None) -> subprocess.CompletedProcess:
     """CMD in the repository with the ranks' environment; its process group killed after `timeout` s."""
-    cmd = [str(part) for part in cmd]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**rank_env(), **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd[:8])} ... did not finish in {timeout} s; output:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+    proc = start_command(cmd, env)
+    out = finish_command(proc, timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
 
 
 def config_sh(*args, ranks: int = 2) -> list:
@@ -82,7 +75,7 @@ def finish_command(proc: subprocess.Popen, timeout: float) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"{' '.join(proc.args[:8])} ... did not end in {timeout} s; output:\n{out[-4000:]}")
+        raise AssertionError(f"{' '.join(proc.args[:8])} ... did not finish in {timeout} s; output:\n{out[-4000:]}")
     return out
 
 
