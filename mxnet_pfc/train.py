@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 
 import mxnet as mx
@@ -354,7 +355,7 @@ def main(argv=None) -> int:
     except config_lib.ConfigError as error:
         print(f"mxnet_pfc.train: configuration error: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, stopped_by_launcher)
+    watch_for_termination()
     try:
         train(cfg)
         comm.shutdown()
@@ -372,11 +373,33 @@ def main(argv=None) -> int:
     return 0
 
 
-def stopped_by_launcher(signum, frame) -> None:
-    """SIGTERM: horovodrun and mpirun send it to every rank once one rank has failed."""
+def watch_for_termination() -> None:
+    """Say why this rank stops when the launcher ends it (SIGTERM), even from inside MXNet.
+
+    horovodrun and mpirun send SIGTERM to every rank once one rank has failed.
+    A Python signal handler would run only when the main thread is back in
+    Python, and it may be waiting in MXNet for a collective that never ends.
+    Python's C-level handler writes the signal's number to the wakeup fd at
+    once, so a thread of our own reads it, logs and exits.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)   # keeps the C handler; the thread acts
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def wait() -> None:
+        while True:
+            signum = os.read(read_fd, 1)[0]
+            if signum == signal.SIGTERM:        # other signals (Ctrl-C) keep their Python meaning
+                stopped_by_launcher(signum)
+
+    threading.Thread(target=wait, daemon=True, name="sigterm").start()
+
+
+def stopped_by_launcher(signum: int) -> None:
     message = (f"stopping: terminated by the launcher (signal {signum}), which does so when another rank "
                f"has failed; resume with --resume latest")
-    os.write(2, f"rank {comm.rank()}: {message}\n".encode())     # no lock to wait for, unlike logging
+    os.write(2, f"rank {comm.rank()}: {message}\n".encode())     # straight to stderr, no lock
     log.error(message)
     comm.abort(128 + signum)
 
