@@ -43,22 +43,19 @@ def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]"
                         raws.append((key, read_record(reader, key, rec_path)))
                     except DataError as error:
                         problems.append(str(error))
-                found = pool.map(lambda item: _decode_problem(item, reader, rec_path, num_classes, image_size),
-                                 raws)
+                found = pool.map(lambda item: _decode_problem(*item, reader.idx[item[0]], rec_path, num_classes,
+                                                              image_size), raws)
                 problems.extend(p for p in found if p)
                 bar.update(len(part))
     reader.close()
     return len(keys), problems
 
 
-def _decode_problem(item, reader, rec_path, num_classes, image_size) -> "str | None":
-    key, raw = item
+def _decode_problem(key, raw, offset, rec_path, num_classes, image_size) -> "str | None":
     try:
-        decode_image_record(raw, key, reader.idx[key], rec_path, num_classes, image_size)
+        decode_image_record(raw, key, offset, rec_path, num_classes, image_size)
     except DataError as error:
         return str(error)
-    except Exception as error:          # a header too short to unpack, and the like
-        return f"{rec_path}: record {key} (byte {reader.idx[key]}): {type(error).__name__}: {error}"
     return None
 
 

@@ -8,6 +8,7 @@ image); records first_identity_record .. end-1 describe one identity each
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 
 import cv2
@@ -86,13 +87,16 @@ def check_offsets(reader: mx.recordio.MXIndexedRecordIO, rec_path: str, idx_path
     Cheap: the offsets are in memory, and only the last record's 8-byte head is read.
     """
     size = os.path.getsize(rec_path)
+    keys = np.fromiter(reader.idx.keys(), dtype=np.int64, count=len(reader.idx))
     offsets = np.fromiter(reader.idx.values(), dtype=np.int64, count=len(reader.idx))
-    beyond = int((offsets + 8 > size).sum())
-    if beyond:
-        key, offset = min(((k, o) for k, o in reader.idx.items() if o + 8 > size), key=lambda item: item[1])
-        raise DataError(f"{rec_path}: is {size} bytes, but {idx_path} places {beyond} of its {len(offsets)} "
-                        f"records at or beyond that (first: record {key} at byte {offset}): the .rec is truncated")
-    key, offset = max(reader.idx.items(), key=lambda item: item[1])
+    beyond = offsets + 8 > size
+    if beyond.any():
+        first = int(np.flatnonzero(beyond)[offsets[beyond].argmin()])
+        raise DataError(f"{rec_path}: is {size} bytes, but {idx_path} places {int(beyond.sum())} of its "
+                        f"{len(offsets)} records at or beyond that (first: record {keys[first]} at byte "
+                        f"{offsets[first]}): the .rec is truncated")
+    last = int(offsets.argmax())
+    key, offset = int(keys[last]), int(offsets[last])
     with open(rec_path, "rb") as f:
         f.seek(offset)
         magic, length_word = np.frombuffer(f.read(8), dtype="<u4")
@@ -120,8 +124,11 @@ def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_cl
                         image_size: "tuple[int, int]") -> "tuple[np.ndarray, float]":
     """(BGR image, class id) of an image record; anything wrong is a DataError naming its position."""
     where = f"{rec_path}: record {key} (byte {offset})"
-    header, payload = mx.recordio.unpack(raw)
-    label = image_label(header)
+    try:
+        header, payload = mx.recordio.unpack(raw)
+        label = image_label(header)
+    except (ValueError, TypeError, struct.error) as error:      # too short, or a malformed array label
+        raise DataError(f"{where} has a header that does not unpack: {error}") from None
     if not (0 <= label < num_classes and label == int(label)):
         raise DataError(f"{where} has label {label}, outside the classes [0, {num_classes})")
     image = cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR)
