@@ -52,7 +52,10 @@ def test_cut_link_ends_the_job_in_bounded_time_and_resume_continues(hosts, refer
     assert proc.returncode != 0
     assert GLOO_TIMEOUT_S - 1 < stopped_after < GLOO_TIMEOUT_S + 20, f"stopped {stopped_after:.1f} s after the cut"
     assert "rank 0: LostRankError: step" in out and "lost contact with the other ranks" in out, out[-3000:]
-    assert f"Timed out waiting {GLOO_TIMEOUT_S * 1000}ms" in out
+    # Gloo's timeout fired; it words it by where it struck: waiting on a buffer, or in a pair's I/O.
+    gloo_timeout = (f"Timed out waiting {GLOO_TIMEOUT_S * 1000}ms", "Application timeout caused pair closure")
+    assert any(words in out for words in gloo_timeout), \
+        [line[-300:] for line in out.splitlines() if "uncaught exception" in line]
     # Rank 1, cut off on host B, gives up on its own within the same bound.
     wait_until(lambda: not trainers_on(hosts, hosts.ns_b), 30, "rank 1 on host B to exit", interval=0.2)
 
