@@ -24,6 +24,7 @@ resuming onto a different number of ranks reads other ranks' shards.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -198,8 +199,13 @@ def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: di
             _fsync(path)
         error = None
     except (OSError, CheckpointError, mx.base.MXNetError) as caught:
-        error = caught
-    comm.raise_if_any_failed(error, f"writing checkpoint {tmp}")
+        error = _explain_write_error(caught, root, final, rank, head, arg_params, aux_params)
+    try:
+        comm.raise_if_any_failed(error, f"writing checkpoint {tmp}")
+    except BaseException:
+        if rank == 0:        # a partial folder is never loaded; removing it gives back the space it took
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if rank == 0:
         try:
             missing = [f"{kind}-rank{r:05d}.npy" for r in range(world) for kind in ("centers", "momentum")
@@ -216,10 +222,38 @@ def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: di
                 shutil.rmtree(step_dir(root, old), ignore_errors=True)
             error = None
         except (OSError, CheckpointError) as caught:
-            error = caught
-    comm.raise_if_any_failed(error, f"publishing checkpoint {final}")
+            error = _explain_write_error(caught, root, final, rank, head, arg_params, aux_params)
+    try:
+        comm.raise_if_any_failed(error, f"publishing checkpoint {final}")
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     log.info(f"checkpoint {final} written in {time.time() - started:.1f} s")
     return final
+
+
+def _explain_write_error(error: BaseException, root: str, final: str, rank: int, head, arg_params: dict,
+                         aux_params: dict) -> BaseException:
+    """A failed write, said plainly: on a full disk, how much was needed and free, and what is still safe."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    full = getattr(error, "errno", None) == errno.ENOSPC or "space" in str(error).lower()
+    if not full:
+        return error
+    per_rank = 2 * head.weight.size * 4 + sum(v.size * 4 for v in aux_params.values())
+    params = sum(v.size * 4 for v in list(arg_params.values()) + list(aux_params.values()))
+    needed = per_rank + (3 * params if rank == 0 else 0)       # model, model-average, optimizer.states
+    steps = list_steps(root)
+    previous = (f"the previous checkpoint {step_dir(root, steps[-1])} is intact" if steps
+                else "there is no earlier checkpoint")
+    free_text = f"{free / 1e6:.1f} MB free" if free is not None else "free space unknown"
+    return CheckpointError(
+        f"checkpoint {final} not written: the disk is full ({free_text} on the file system of {root}; this rank "
+        f"writes about {needed / 1e6:.1f} MB per checkpoint; {str(error).splitlines()[0]}). Nothing of it is kept, "
+        f"and {previous}: free space (or lower --keep_checkpoints), then continue with --resume latest")
 
 
 def load_backbone(path: str, rank: int, same_world: bool, average: bool = False):

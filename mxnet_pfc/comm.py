@@ -145,18 +145,35 @@ def distributed_optimizer(optimizer: "mx.optimizer.Optimizer") -> "mx.optimizer.
     return _hvd.DistributedOptimizer(optimizer)
 
 
+MESSAGE_BYTES = 1024      # of a failure's message that other ranks receive
+
+
 def raise_if_any_failed(error: "BaseException | None", what: str) -> None:
     """Agree across ranks on whether `what` succeeded everywhere; raise on every rank if not.
 
-    A rank that failed re-raises its own error; the others raise a RuntimeError
-    naming the failed ranks. Without this, the healthy ranks would wait forever
-    in the next collective.
+    A rank that failed re-raises its own error; the others raise RankFailedError
+    with the first failed rank's message, so that every rank's log says what
+    went wrong and where. Without this, the healthy ranks would wait forever in
+    the next collective.
     """
-    failed = [r for r, (flag,) in enumerate(gather_rows([1.0 if error is not None else 0.0])) if flag]
+    import numpy as np
+
+    text = f"{type(error).__name__}: {error}".encode()[:MESSAGE_BYTES] if error is not None else b""
+    row = np.zeros(MESSAGE_BYTES + 1, dtype=np.int32)
+    row[0] = 1 if error is not None else 0
+    row[1:1 + len(text)] = np.frombuffer(text, dtype=np.uint8)
+    table = allgather(mx.nd.array(row[None], ctx=mx.cpu(), dtype="int32"), name="agree").asnumpy()
+    failed = [r for r in range(len(table)) if table[r, 0]]
     if error is not None:
         raise error
     if failed:
-        raise RuntimeError(f"{what} failed on rank(s) {', '.join(map(str, failed))}; see their logs")
+        first = bytes(table[failed[0], 1:].astype(np.uint8)).rstrip(b"\0").decode(errors="replace")
+        raise RankFailedError(f"{what} failed on rank(s) {', '.join(map(str, failed))}: "
+                              f"rank {failed[0]}: {first}")
+
+
+class RankFailedError(RuntimeError):
+    """Another rank failed (its message is in this one); this rank stops with it."""
 
 
 def shutdown() -> None:

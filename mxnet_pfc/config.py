@@ -4,6 +4,15 @@ Precedence, lowest first: DEFAULTS, the --dataset preset, the --network preset,
 the --loss preset, then every `--FIELD VALUE` given. The result is a frozen
 `Config`, printed at start and written to OUTPUT/config.json.
 
+Your own data. A --dataset preset describes its own set (DATA_FIELDS: rec,
+num_classes, num_images, val_targets and the synthetic_* fields). Giving --rec
+drops all of those from the preset: your set is read as it is, never generated
+or written to, with only the verification sets you name, and num_classes is
+read from the set (its `property` file or header record) unless you give it.
+A synthetic set is generated only when synthetic_identities > 0 (the default
+preset's own set, or asked for by name), and only into a folder that is empty
+or that the generator made.
+
 Batch and learning rate. batch_size is per rank; every step trains on the
 global batch N = batch_size x world_size. The head's loss is the mean over those
 N samples and its gradient is exact for it, so the backbone gradients of the
@@ -19,7 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import symbols
 
@@ -31,11 +40,11 @@ class Config:
     # ---- data
     dataset: str = "synthetic"
     rec: str = ""                      # train.rec of a RecordIO set; "" = dummy data (speed runs)
-    num_classes: int = 1000
+    num_classes: int = 0               # 0: read from the set (its `property` file or header record)
     num_images: int = 0                # images per epoch of the dummy iterator; read from the .rec otherwise
     val_targets: tuple = ()            # verification .bin files
     image_size: int = 112
-    synthetic_identities: int = 0      # > 0: generate a synthetic set at `rec` if it is missing
+    synthetic_identities: int = 0      # > 0: generate a synthetic set at `rec` (in a folder of its own) if missing
     synthetic_images_per_identity: int = 20
     synthetic_val_pairs: int = 1000    # held-out pairs in the generated val.bin
     decode_threads: int = 2
@@ -122,6 +131,11 @@ LOSSES = {
     "cosface-small": dict(loss="cosface-small", margin_s=32.0, margin_m1=1.0, margin_m2=0.0, margin_m3=0.2),
 }
 PRESET_FIELDS = {"dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
+# What a --dataset preset says about its own data set. Naming your own set with
+# --rec drops all of them: its class count, verification pairs and generation
+# settings describe the preset's set, not yours (the rest of the preset applies).
+DATA_FIELDS = ("rec", "num_classes", "num_images", "val_targets", "synthetic_identities",
+               "synthetic_images_per_identity", "synthetic_val_pairs")
 
 
 class ConfigError(ValueError):
@@ -173,12 +187,17 @@ def make_config(overrides: "dict | None" = None) -> Config:
         name = overrides.get(preset_field, values[preset_field])
         if name not in table:
             raise ConfigError(f"unknown {preset_field} {name!r}; choose one of: {', '.join(table)}")
-        values.update(table[name])
+        preset = table[name]
+        if preset_field == "dataset" and "rec" in overrides:
+            preset = {key: value for key, value in preset.items() if key not in DATA_FIELDS}
+        values.update(preset)
     for name, value in overrides.items():
         kind = _field_type(known[name])
         if kind is tuple and isinstance(value, str):
             value = _parse_value(tuple, value)
         values[name] = tuple(value) if kind is tuple else value
+    if values["synthetic_identities"] and not values["num_classes"]:     # a generated set has one class per identity
+        values["num_classes"] = values["synthetic_identities"]
     values["decay_epochs"] = tuple(float(v) for v in values["decay_epochs"])
     values["val_targets"] = tuple(str(v) for v in values["val_targets"])
     if not values["output"]:
@@ -194,7 +213,8 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{name} = {getattr(config, name)!r}: {what}")
 
     require(config.network in symbols.NETWORKS, "network", f"not a registered network ({', '.join(symbols.names())})")
-    require(config.num_classes >= 1, "num_classes", "must be at least 1")
+    require(config.num_classes >= 1 or (config.rec and config.num_classes == 0), "num_classes",
+            "must be at least 1 (0, read from the set, needs --rec)")
     require(config.embedding_size >= 1, "embedding_size", "must be at least 1")
     require(config.batch_size >= 1, "batch_size", "must be at least 1")
     require(0.0 < config.sample_rate <= 1.0, "sample_rate", "must be in (0, 1]")
@@ -218,7 +238,8 @@ def validate(config: Config) -> None:
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
     require(config.rec or config.num_images > 0, "num_images", "dummy data (rec = '') needs num_images > 0")
     require(config.margin_s > 0, "margin_s", "must be positive")
-    require(config.synthetic_identities in (0, config.num_classes), "synthetic_identities",
+    require(config.synthetic_identities == 0 or config.rec, "synthetic_identities", "generation needs --rec")
+    require(config.synthetic_identities in (0, config.num_classes) or config.num_classes == 0, "synthetic_identities",
             f"a generated set has one class per identity: must equal num_classes ({config.num_classes}) or be 0")
 
 

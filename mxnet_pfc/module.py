@@ -48,12 +48,11 @@ class PartialFCModule:
 
     def __init__(self, symbol: mx.sym.Symbol, head: PartialFC, batch_size: int, ctx: mx.Context,
                  momentum: float = 0.9, weight_decay: float = 5e-4, fp16: bool = False,
-                 image_size: int = 112, seed: int = 0):
+                 image_size: int = 112):
         self.head, self.ctx = head, ctx
         self.data_shape = (batch_size, 3, image_size, image_size)
         self.module = mx.mod.Module(symbol, data_names=["data"], label_names=None, context=ctx)
         self.module.bind(data_shapes=[("data", self.data_shape)], for_training=True)
-        mx.random.seed(seed)
         self.module.init_params(mx.init.Xavier(rnd_type="gaussian", factor_type="out", magnitude=2))
         # rank 0's initial backbone on every rank (a distributed touch-point)
         arg_params, aux_params = self.module.get_params()

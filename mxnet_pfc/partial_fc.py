@@ -22,7 +22,7 @@ import math
 import mxnet as mx
 import numpy as np
 
-from . import comm
+from . import comm, seeding
 from .kernels import head_ops, logaddexp
 from .margin import CombinedMarginLoss
 
@@ -220,8 +220,8 @@ class PartialFC:
         self._check_same_config()
         self.class_start, self.num_local = shard_range(self.num_classes, self.rank, self.world_size)
         self.num_sample = num_sampled_centers(self.num_local, self.sample_rate)
-        if seed is not None:
-            mx.random.seed(int(seed) + self.rank, ctx=self.ctx)   # ranks draw different negatives
+        if seed is not None:        # the trainer seeds for itself (seeding.py) and passes None
+            seeding.seed_generators(seed, self.rank, step=0)
         self.weight = nd.random.normal(0.0, init_std, shape=(self.num_local, self.embedding_size),
                                        ctx=self.ctx, dtype="float32")
         self.weight_mom = nd.zeros_like(self.weight)

@@ -71,11 +71,14 @@ def test_trainer_resumes_onto_three_ranks(reference, tmp_path):
     data, run = reference
     resumed = tmp_path / "three"
     shutil.copytree(run / "checkpoints" / "step-00000024", resumed / "checkpoints" / "step-00000024")
-    # 3 x 8 = 24 images a step: 13 steps per epoch; 4 steps into epoch 1 at 16 = 2.67 steps of 24
+    # 3 x 8 = 24 images a step: 13 steps per epoch; 4 steps into epoch 1 at 16 = 2.67 steps of 24:
+    # resumed at step 13 + 2 = 15
     proc = run_command(config_sh(*tiny_synthetic_run(data, resumed, *RUN, "--resume", "24"), ranks=3), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "saved on 2 ranks at step 24" in proc.stdout and "re-sharded" in proc.stdout
-    final = checkpoint.read_state(resumed / "checkpoints" / "step-00000030")
+    # the run's length is kept in samples too: 30 steps of 16 = 480 samples = 20 steps of 24
+    assert "kept in samples" in proc.stdout and sorted(losses(resumed)) == list(range(16, 21))
+    final = checkpoint.read_state(resumed / "checkpoints" / "step-00000020")
     assert final["world_size"] == 3 and final["shards"] == [[0, 14], [14, 13], [27, 13]]
 
 

@@ -3,6 +3,7 @@
 Each run is the reference run of conftest (30 steps, a checkpoint every 8)
 interrupted somewhere; what follows must be what the uninterrupted run did.
 """
+import json
 import os
 import shutil
 import signal
@@ -50,6 +51,9 @@ def test_killed_rank_stops_the_job_and_resume_continues_the_loss_curve(reference
     # The whole curve (steps 1..latest from the killed run, the rest resumed) is the uninterrupted one.
     expected, got = losses(uninterrupted), losses(output)
     assert sorted(got) == list(range(1, 31))
+    # one record per step: the killed run's records after the checkpoint were dropped, not repeated
+    steps = [json.loads(line)["step"] for line in open(output / "metrics.jsonl") if '"loss"' in line]
+    assert steps == sorted(set(steps)), steps
     np.testing.assert_allclose([got[s] for s in range(1, 31)], [expected[s] for s in range(1, 31)], rtol=1e-5)
 
 
@@ -112,4 +116,9 @@ def test_undecodable_record_stops_every_rank_with_its_position(tmp_path):
                                                      "--val_targets", "")), timeout=300)
     assert proc.returncode != 0
     assert f"record 7 (byte {offset}) does not decode as an image" in proc.stdout, proc.stdout[-3000:]
+    # both ranks name it: the one that read it, and the other (from its failure record), whatever
+    # horovodrun says was the first process to exit
+    for rank in (0, 1):
+        line = next(l for l in proc.stdout.splitlines() if f"[{rank}]<stderr>:rank {rank}: " in l)
+        assert f"record 7 (byte {offset})" in line, line
     assert "done:" not in proc.stdout

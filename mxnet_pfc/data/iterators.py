@@ -6,6 +6,7 @@ Both yield `Batch(data, labels, epoch)`: data is an NDArray (B, 3, H, W) of raw
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -14,9 +15,23 @@ from typing import NamedTuple
 import mxnet as mx
 import numpy as np
 
-from .records import DataError, decode_image_record, open_records, read_record
+from .records import DataError, decode_image_record, open_records, read_property, read_record
 
 log = logging.getLogger(__name__)
+
+
+def count_classes(rec_path: str) -> int:
+    """The number of identities of a RecordIO set: its `property` file (InsightFace's
+    `num_classes,112,112`) when there is one, else its header record."""
+    folder = os.path.dirname(rec_path) or "."
+    if os.path.exists(os.path.join(folder, "property")):
+        return read_property(folder)[0]
+    reader, records = open_records(rec_path)
+    reader.close()
+    if records.num_identities is None:
+        raise DataError(f"{rec_path}: the set has no header record and no `property` file beside it, so its "
+                        "number of identities is unknown: give it with --num_classes")
+    return records.num_identities
 
 
 class Batch(NamedTuple):

@@ -25,10 +25,11 @@ import numpy as np
 from tqdm import tqdm
 
 from ..files import atomic_path
-from .records import RecordWriter
+from .records import DataError, RecordWriter
 
 SIZE = 112
 COMPLETE = "COMPLETE"
+OWNER = ".generated-by-mxnet-pfc"     # written first into a folder the generator makes or finds empty
 VERSION = 4           # of the image family: a set made by another version is made again
 RENDER_SIZE = 56      # shapes are drawn at half resolution, then resized (4x less work)
 # identity parameters: name -> (low, high) of a uniform draw
@@ -141,8 +142,11 @@ def generate(folder: str, identities: int = 500, images_per_identity: int = 32, 
              val_pairs: int = 1000, seed: int = 0) -> None:
     """The training set and the held-out verification set (different seeds: disjoint identities).
 
-    COMPLETE is written last: a folder without it is unfinished.
+    COMPLETE is written last: a folder without it is unfinished. Only a folder
+    that is missing, empty, or made by this generator (OWNER) is written to:
+    anything else may be a user's own set, and generating over it would destroy it.
     """
+    claim_folder(folder)
     stale = os.path.join(folder, COMPLETE)
     if os.path.exists(stale):
         os.remove(stale)
@@ -150,6 +154,24 @@ def generate(folder: str, identities: int = 500, images_per_identity: int = 32, 
     write_verification_set(os.path.join(folder, "val.bin"), val_identities, val_pairs, seed + 1_000_003)
     with open(os.path.join(folder, COMPLETE), "w") as f:
         f.write(_stamp(identities, images_per_identity, val_pairs, seed))
+
+
+def check_claimable(folder: str) -> None:
+    """Raise DataError if `folder` holds files the generator did not write (read-only: every rank may ask)."""
+    present = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    if present and OWNER not in present and COMPLETE not in present:     # COMPLETE: sets made before OWNER existed
+        shown = ", ".join(present[:5]) + (" ..." if len(present) > 5 else "")
+        raise DataError(f"{folder}: refusing to generate a synthetic set here: the folder holds files this tool did "
+                        f"not write ({shown}). Generation writes only into an empty folder or one it made; "
+                        f"choose another folder for it")
+
+
+def claim_folder(folder: str) -> None:
+    """Make `folder` the generator's (OWNER), or raise DataError if it holds files the generator did not write."""
+    check_claimable(folder)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, OWNER), "w") as f:
+        f.write("This folder holds a synthetic set written by mxnet_pfc.data.synthetic; it may be rewritten.\n")
 
 
 def _stamp(identities: int, images_per_identity: int, val_pairs: int, seed: int) -> str:
@@ -175,7 +197,10 @@ def main(argv=None) -> None:
     parser.add_argument("--val-pairs", type=int, default=1000, help="verification pairs (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     args = parser.parse_args(argv)
-    generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
+    try:
+        generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
+    except DataError as error:
+        raise SystemExit(f"mxnet_pfc.data.synthetic: {error}") from None
     print(f"wrote {args.output}: train.rec/.idx ({args.identities} identities x {args.images_per_identity}), "
           f"property, val.bin ({args.val_pairs} pairs of {args.val_identities} unseen identities)")
 

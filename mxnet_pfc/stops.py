@@ -1,0 +1,131 @@
+"""Why a rank stops, said truthfully: its own error, another rank's, a lost rank, or an interruption.
+
+horovodrun and mpirun end every rank with SIGTERM both when the user presses
+Ctrl-C and when one rank has failed, so a rank cannot tell the two apart from
+the signal. What it can see:
+- failure records: a rank that stops on an error of its own writes
+  OUTPUT/logs/failed-rankR.txt (its message) before it exits; the other ranks
+  read them (the output folder is shared, as checkpoints require);
+- the processes of the other ranks on its own host (their pids are exchanged at
+  start-up): a rank killed without a word (SIGKILL, the out-of-memory killer, a
+  crash) is a process that is gone.
+With neither, the stop is an interruption (Ctrl-C, or a stop request).
+"""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import signal
+import socket
+import threading
+import zlib
+
+from . import comm
+from .run_lock import boot_id
+
+log = logging.getLogger("mxnet_pfc")
+
+_state = {"logs": None, "peers": []}     # this run's logs folder; (rank, host, pid) of every rank
+
+
+def start(logs_folder: str) -> None:
+    """Learn where failure records go and which processes the other ranks are (collective: every rank)."""
+    _state["logs"] = logs_folder
+    host = zlib.crc32(f"{socket.gethostname()} {boot_id()}".encode())     # same kernel: pids comparable
+    _state["peers"] = [(r, int(h), int(pid)) for r, (h, pid) in enumerate(comm.gather_rows([host, os.getpid()]))]
+
+
+def clear_records(logs_folder: str) -> None:
+    """Remove the failure records of an earlier run in this folder (rank 0, before the others start)."""
+    for path in glob.glob(os.path.join(logs_folder, "failed-rank*.txt")):
+        os.remove(path)
+
+
+SIGNALLED = "signal: "       # the record of a rank stopped by a signal, not by a failure of its own
+
+
+def record_failure(message: str) -> None:
+    """Leave this rank's reason for stopping where the other ranks look for it."""
+    if _state["logs"] is None:
+        return
+    try:
+        with open(os.path.join(_state["logs"], f"failed-rank{comm.rank()}.txt"), "w") as f:
+            f.write(message + "\n")
+    except OSError:            # a full disk may be the very failure; the launcher's output still has it
+        pass
+
+
+def _records() -> "dict[int, str]":
+    """{rank: message} of the other ranks' records."""
+    found = {}
+    for path in glob.glob(os.path.join(_state["logs"] or "", "failed-rank*.txt")):
+        try:
+            rank = int(os.path.basename(path)[len("failed-rank"):-len(".txt")])
+            if rank != comm.rank():
+                found[rank] = open(path).read().strip()
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _gone_local_peers(accounted: "set[int]") -> "list[tuple[int, int]]":
+    me = next((host for rank, host, _ in _state["peers"] if rank == comm.rank()), None)
+    gone = []
+    for rank, host, pid in _state["peers"]:
+        if host == me and rank != comm.rank() and rank not in accounted and not os.path.exists(f"/proc/{pid}"):
+            gone.append((rank, pid))
+    return gone
+
+
+def other_rank_cause() -> "str | None":
+    """What is known of another rank's failure (a failure record, or a local rank gone), or None."""
+    records = _records()
+    failures = sorted((rank, message) for rank, message in records.items() if not message.startswith(SIGNALLED))
+    if failures:
+        rank, message = failures[0]
+        return f"rank {rank} failed: {message}"
+    gone = _gone_local_peers(set(records))
+    if gone:
+        rank, pid = gone[0]
+        return (f"rank {rank} (pid {pid}, this host) ended without a message: killed (SIGKILL, the out-of-memory "
+                f"killer) or crashed; the launcher's output gives its exit status")
+    return None
+
+
+def explain_signal(signum: int) -> str:
+    """The message of a rank that received `signum` from its launcher or the user."""
+    name = signal.Signals(signum).name
+    cause = other_rank_cause()
+    if cause is not None:
+        return f"stopping: {cause}; the launcher then ended this rank ({name}); resume with --resume latest"
+    return (f"stopping: interrupted ({name}: Ctrl-C, or a stop request to the launcher or this process); "
+            f"continue with the same command plus --resume latest (from the last checkpoint)")
+
+
+def watch_signals() -> None:
+    """Say why this rank stops on SIGTERM or SIGINT, even while its main thread waits inside MXNet.
+
+    A Python signal handler runs only when the main thread is back in Python, and it
+    may be waiting in MXNet for a collective that never ends. Python's C-level handler
+    writes the signal's number to the wakeup fd at once, so a thread of ours reads it,
+    logs and exits.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: None)     # keeps the C handler; the thread acts
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def wait() -> None:
+        while True:
+            signum = os.read(read_fd, 1)[0]
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                record_failure(SIGNALLED + signal.Signals(signum).name)
+                message = explain_signal(signum)
+                # straight to stderr, no lock; on a line of its own (rank 0's progress bar may hold one)
+                os.write(2, f"\nrank {comm.rank()}: {message}\n".encode())
+                log.error(message)
+                comm.abort(128 + signum)
+
+    threading.Thread(target=wait, daemon=True, name="signals").start()

@@ -1,0 +1,27 @@
+"""The trainer (mxnet_pfc.train.main) with each step's sampled local ids saved per rank.
+
+  horovodrun ... python sampled_ids_worker.py [trainer options]   ->  OUTPUT/sampled-rankR-stepS.npy
+"""
+import os
+import sys
+
+import numpy as np
+
+from mxnet_pfc import comm, train
+from mxnet_pfc.partial_fc import PartialFC
+
+original = PartialFC.forward_backward
+steps = {"done": 0}
+
+
+def recording(self, embeddings, labels):
+    result = original(self, embeddings, labels)
+    steps["done"] += 1
+    output = sys.argv[sys.argv.index("--output") + 1]
+    np.save(os.path.join(output, f"sampled-rank{comm.rank()}-step{steps['done']}.npy"),
+            self.sampled_index.asnumpy())
+    return result
+
+
+PartialFC.forward_backward = recording
+sys.exit(train.main(sys.argv[1:]))
