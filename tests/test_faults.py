@@ -20,6 +20,20 @@ from mxnet_pfc import checkpoint
 LOST_RANK_BOUND_S = 20
 
 
+def tensorboard_events(folder):
+    """Every Event in the event files of `folder`, file by file (TFRecord framing: length, crc, data, crc)."""
+    from mxboard.proto.event_pb2 import Event
+    events = []
+    for name in sorted(os.listdir(folder)):
+        raw = open(folder / name, "rb").read()
+        at = 0
+        while at < len(raw):
+            length = int.from_bytes(raw[at:at + 8], "little")
+            events.append(Event.FromString(raw[at + 12:at + 12 + length]))
+            at += 12 + length + 4
+    return events
+
+
 def kill_rank(output, rank):
     pid = wait_until(lambda: trainer_pid(output, rank), 30, f"rank {rank}'s trainer")
     os.kill(pid, signal.SIGKILL)
@@ -54,6 +68,10 @@ def test_killed_rank_stops_the_job_and_resume_continues_the_loss_curve(reference
     # one record per step: the killed run's records after the checkpoint were dropped, not repeated
     steps = [json.loads(line)["step"] for line in open(output / "metrics.jsonl") if '"loss"' in line]
     assert steps == sorted(set(steps)), steps
+    # and TensorBoard is told that the run restarted after the checkpoint (it drops the later points)
+    starts = [event.step for event in tensorboard_events(output / "tensorboard") if event.HasField("session_log")
+              and event.session_log.status == event.session_log.START]
+    assert starts == [1, latest + 1], starts
     np.testing.assert_allclose([got[s] for s in range(1, 31)], [expected[s] for s in range(1, 31)], rtol=1e-5)
 
 

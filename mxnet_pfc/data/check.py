@@ -4,7 +4,9 @@
 
 Training stops at the first bad record it meets, which may be days in; this
 finds them all in one pass: the index and file size (as at training start),
-then each image record's RecordIO header, label range and decoding. The class
+then each image record's RecordIO header, label range and decoding (a JPEG
+strictly, as in training: libjpeg's `Corrupt JPEG data` warnings, which OpenCV
+only prints, make it a damaged record). The class
 count comes from DATA/property unless --num-classes is given. Exit status 0
 when the set is sound, 1 when anything is wrong (each problem listed).
 """
@@ -30,7 +32,7 @@ def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]"
         problems.append(f"{rec_path}: the header lists {records.num_identities} identities, "
                         f"more than the {num_classes} classes")
 
-    # One reader: reads stay in order on this thread; decoding (OpenCV releases the GIL) runs in the pool.
+    # One reader: reads stay in order on this thread; decoding (it releases the GIL) runs in the pool.
     with ThreadPoolExecutor(max_workers=threads) as pool:
         chunk = 1024
         with tqdm(total=len(keys), desc="records", unit="img", disable=not progress, file=sys.stderr,
