@@ -476,9 +476,12 @@ def main(argv=None) -> int:
             stops.record_failure(f"{type(error).__name__}: {error}")     # for the ranks the launcher ends next
         hint = "; resume with --resume latest" if lost else ""
         log.error(f"stopping: {error}{hint}")
-        print(f"rank {comm.rank()}: {type(error).__name__}: {error}{hint}", file=sys.stderr)
-        if lost:
-            comm.abort(1)       # the exit handlers would wait on the failed collective
+        # on a line of its own: rank 0's progress bar may hold the current one
+        print(f"\nrank {comm.rank()}: {type(error).__name__}: {error}{hint}", file=sys.stderr)
+        if lost or comm.is_distributed():
+            # MXNet's and Horovod's exit handlers would wait on a failed collective, or raise
+            # ("Horovod has been shut down") once another rank has stopped
+            comm.abort(1)
         return 1
     except Exception as error:          # a defect of ours: the traceback, and every rank told which rank
         stops.record_failure(f"{type(error).__name__}: {error} (an unexpected error: see rank {comm.rank()}'s log)")

@@ -24,4 +24,7 @@ def recording(self, embeddings, labels):
 
 
 PartialFC.forward_backward = recording
-sys.exit(train.main(sys.argv[1:]))
+args = sys.argv[1:]
+if args[:1] == ["--"]:          # horovodrun reads options it knows by prefix, even after the command
+    args = args[1:]
+sys.exit(train.main(args))

@@ -75,10 +75,12 @@ def test_run_sh_trains_with_mpirun(tmp_path):
 
 def test_waiting_ranks_stop_when_generation_failed(tmp_path, monkeypatch):
     from mxnet_pfc import comm, config, train
+    from mxnet_pfc.data import synthetic
     from mxnet_pfc.data.records import DataError
 
     cfg = config.parse_args(["--rec", str(tmp_path / "train.rec"), "--val_targets", str(tmp_path / "val.bin")])
     monkeypatch.setattr(comm, "local_rank", lambda: 1)       # a rank that waits for local rank 0
+    (tmp_path / synthetic.OWNER).write_text("")        # local rank 0 claimed the folder, then failed
     (tmp_path / "FAILED").write_text("OSError: disk full\n")
     with pytest.raises(DataError, match="failed on local rank 0: OSError: disk full"):
         train.ensure_synthetic_set(cfg, wait_seconds=30)
