@@ -25,6 +25,7 @@ build_kernels() {
 
 if [ -f "$STAMP" ] && cmp -s "$STAMP" "$REQS"; then
     echo "[setup] environment up to date: $VENV"
+    bash "$REPO/setup-utils/patch-horovod.sh" "$VENV"     # a no-op once applied
     build_kernels
     exit 0
 fi
@@ -59,6 +60,9 @@ if ! "$VENV/bin/python" -c "import horovod.mxnet" 2>/dev/null; then
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
         "${PIP[@]}" install -q --no-build-isolation "$HOROVOD_PIN"
 fi
+
+# horovodrun --gloo must not hang on a second Ctrl-C (see the script).
+bash "$REPO/setup-utils/patch-horovod.sh" "$VENV"
 
 "$VENV/bin/python" - <<'PY'
 import mxnet, numpy, horovod.mxnet as hvd

@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# Patches Horovod 0.28.1's horovodrun (Gloo) in a virtual environment so that
+# two signals in quick succession (Ctrl-C twice, `timeout` then Ctrl-C) cannot
+# hang it:
+#
+#   bash setup-utils/patch-horovod.sh [VENV]      (default: <repo>/.venv)
+#
+# horovod/runner/gloo_run.py's register_shutdown_event() installs a SIGINT and
+# SIGTERM handler that calls threading.Event.set(). A second signal arriving
+# while that handler holds the Event's (non-reentrant) lock runs the handler
+# again in the main thread, which then waits forever on the lock it holds: the
+# launcher ignores every later signal, and the ranks (in their own sessions,
+# out of the terminal's reach) train on. The patched handler only writes the
+# signal's number to a pipe; a thread reads it. The first signal sets the event
+# as before (the ranks get SIGTERM through their middlemen, horovodrun exits
+# non-zero); a second one sends SIGTERM to the ranks' process groups at once and
+# SIGKILL 5 s later (a third: SIGKILL at once).
+#
+# Idempotent and cheap (a grep when already patched): setup-utils/install.sh
+# runs it on every `make setup`. Fails loudly when the installed Horovod is not
+# 0.28.1 or its gloo_run.py is not the text this patch was written against. The
+# original is kept as gloo_run.py.mxnet-pfc-orig, from which a later revision of
+# this patch (MARKER below) re-patches; `pip install --force-reinstall` undoes it.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${1:-${VENV:-$REPO/.venv}}"
+PY="$VENV/bin/python"
+# The revision of this patch: a venv patched by another one is re-patched from the original,
+# which the first patch keeps next to the file (gloo_run.py.mxnet-pfc-orig).
+MARKER="mxnet-pfc patch r1: signal handling that cannot deadlock"
+
+[ -x "$PY" ] || { echo "patch-horovod: no python in $VENV" >&2; exit 1; }
+# Where horovod is, without importing it.
+HVD_DIR="$("$PY" -c 'import importlib.util, os; s = importlib.util.find_spec("horovod"); print(os.path.dirname(s.origin) if s and s.origin else "")')"
+TARGET="$HVD_DIR/runner/gloo_run.py"
+[ -n "$HVD_DIR" ] && [ -f "$TARGET" ] || { echo "patch-horovod: horovod is not installed in $VENV" >&2; exit 1; }
+
+if grep -qF "$MARKER" "$TARGET"; then
+    exit 0          # already patched
+fi
+
+"$PY" - "$HVD_DIR" "$MARKER" <<'PY'
+import os
+import py_compile
+import re
+import sys
+import tempfile
+
+hvd_dir, marker = sys.argv[1], sys.argv[2]
+target = os.path.join(hvd_dir, "runner", "gloo_run.py")
+
+
+def fail(message):
+    sys.exit(f"patch-horovod: {message}; {target} is left as it was. This patch is for Horovod 0.28.1 "
+             f"(see setup-utils/patch-horovod.sh).")
+
+
+version = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""",
+                    open(os.path.join(hvd_dir, "__init__.py")).read(), re.M)
+if not version or version.group(1) != "0.28.1":
+    fail(f"Horovod {version.group(1) if version else '(unknown version)'} is installed, not 0.28.1")
+
+OLD_IMPORT = "from typing import Optional, Any\n"
+NEW_IMPORT = "from typing import Optional, Any\n\nimport psutil  # mxnet-pfc patch (a dependency of horovod)\n"
+
+OLD = '''def register_shutdown_event():
+    # Create a event for communication between threads
+    event = threading.Event()
+
+    def set_event_on_signal(signum, frame):
+        event.set()
+
+    signal.signal(signal.SIGINT, set_event_on_signal)
+    signal.signal(signal.SIGTERM, set_event_on_signal)
+    return event
+'''
+
+NEW = '''# --- MARKER (setup-utils/patch-horovod.sh) ---
+# Horovod 0.28.1 called threading.Event.set() in the SIGINT/SIGTERM handler. A second signal arriving
+# while that handler held the Event's (non-reentrant) lock ran the handler again in the main thread,
+# which then waited forever on the lock it held: horovodrun hung, ignoring later signals, and the
+# workers ran on. Here the handler only writes the signal's number to a pipe (no lock); a thread
+# reads it. First signal: the event is set and the workers are terminated through their middlemen,
+# as before. Second: the workers' process groups, and every process below the middlemen, get SIGTERM
+# at once and SIGKILL after SHUTDOWN_GRACE_S; a third signal sends the SIGKILL at once.
+SHUTDOWN_GRACE_S = 5
+
+
+def _find_workers(groups, procs):
+    """Adds to groups the middlemen of safe_shell_exec (this process's children leading their own
+    session and process group) and to procs (pid: psutil.Process) them and every process below."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            if os.getsid(child.pid) != child.pid:
+                continue            # not a middleman (e.g. multiprocessing's resource tracker)
+            groups.add(child.pid)
+            for proc in [child] + child.children(recursive=True):
+                procs.setdefault(proc.pid, proc)
+        except (OSError, psutil.Error):
+            continue
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+        if sig == signal.SIGTERM:
+            os.killpg(pgid, signal.SIGCONT)     # a stopped process acts on SIGTERM only once continued
+    except OSError:
+        pass
+
+
+def _signal_process(proc, sig):
+    try:
+        proc.send_signal(sig)
+        if sig == signal.SIGTERM:
+            proc.send_signal(signal.SIGCONT)
+    except psutil.Error:
+        pass
+
+
+def _pgid(proc):
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None
+
+
+def _running(proc):
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class _ShutdownOnSignal(object):
+    def __init__(self):
+        self.event = threading.Event()
+        self._kill_now = threading.Event()
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        threading.Thread(target=self._watch, name='horovodrun-signals', daemon=True).start()
+
+    def handler(self, signum, frame):
+        # Runs in the main thread between any two of its bytecodes, inside this very handler too:
+        # lock-free work only.
+        try:
+            os.write(self._write_fd, bytes([signum]))
+        except OSError:
+            pass
+
+    def close(self):
+        os.close(self._write_fd)    # the watching thread reads EOF and ends
+
+    def _watch(self):
+        count = 0
+        while True:
+            data = os.read(self._read_fd, 64)
+            if not data:
+                os.close(self._read_fd)
+                return
+            for signum in data:
+                count += 1
+                if count == 1:
+                    self.event.set()
+                elif count == 2:
+                    try:    # not a daemon: horovodrun exits only once the workers are gone
+                        threading.Thread(target=self._terminate_workers, args=(signum,),
+                                         name='horovodrun-terminate', daemon=False).start()
+                    except RuntimeError:    # interpreter shutting down
+                        self._terminate_workers(signum)
+                else:
+                    self._kill_now.set()
+
+    def _terminate_workers(self, signum):
+        self.event.set()
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = 'signal {}'.format(signum)
+        try:
+            sys.stderr.write('horovodrun: {} again: terminating the workers now, SIGKILL in {} s '
+                             '(at once on one more signal)\\n'.format(name, SHUTDOWN_GRACE_S))
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        deadline = time.time() + SHUTDOWN_GRACE_S
+        groups, procs = set(), {}
+        groups_done, procs_done = set(), set()     # SIGTERM once each: twice may read as two requests
+        sig = signal.SIGTERM
+        while True:
+            _find_workers(groups, procs)
+            if sig == signal.SIGKILL:   # only groups still holding one of ours (a pgid may be reused)
+                groups &= {_pgid(proc) for proc in procs.values() if _running(proc)}
+            for pgid in list(groups):
+                if sig == signal.SIGKILL or pgid not in groups_done:
+                    groups_done.add(pgid)
+                    _signal_group(pgid, sig)
+            for pid, proc in list(procs.items()):
+                if sig == signal.SIGKILL or pid not in procs_done:
+                    procs_done.add(pid)
+                    if sig == signal.SIGKILL or _pgid(proc) not in groups_done:
+                        _signal_process(proc, sig)
+            if sig == signal.SIGKILL or not any(_running(proc) for proc in procs.values()):
+                return
+            if self._kill_now.wait(0.1) or time.time() >= deadline:
+                sig = signal.SIGKILL
+
+
+_shutdown_on_signal = None
+
+
+def register_shutdown_event():
+    # Create a event for communication between threads
+    global _shutdown_on_signal
+    previous, _shutdown_on_signal = _shutdown_on_signal, _ShutdownOnSignal()
+    signal.signal(signal.SIGINT, _shutdown_on_signal.handler)
+    signal.signal(signal.SIGTERM, _shutdown_on_signal.handler)
+    if previous is not None:
+        previous.close()
+    return _shutdown_on_signal.event
+# --- end of the mxnet-pfc patch ---
+'''.replace("MARKER", marker)
+
+backup = target + ".mxnet-pfc-orig"     # the original, kept by the first patch
+source = open(target).read()
+if "mxnet-pfc patch" in source:         # another revision of this patch: start again from the original
+    if not os.path.exists(backup):
+        fail(f"it holds another revision of this patch and the original ({backup}) is gone; "
+             f"reinstall Horovod")
+    source = open(backup).read()
+for text, what in ((OLD, "register_shutdown_event()"), (OLD_IMPORT, "import of typing")):
+    if source.count(text) != 1:
+        fail(f"the original {what} of Horovod 0.28.1 is not there (modified or another version?)")
+patched = source.replace(OLD_IMPORT, NEW_IMPORT).replace(OLD, NEW)
+if not os.path.exists(backup):
+    with open(backup + ".tmp", "w") as f:
+        f.write(source)
+    os.replace(backup + ".tmp", backup)
+
+# Write next to the target, check that it compiles, then replace the target in one step.
+fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".gloo_run.", suffix=".py")
+try:
+    with os.fdopen(fd, "w") as f:
+        f.write(patched)
+    py_compile.compile(tmp, cfile=tmp + "c", doraise=True)
+    os.remove(tmp + "c")
+    os.chmod(tmp, os.stat(target).st_mode & 0o777)
+    os.replace(tmp, target)
+except BaseException:
+    for path in (tmp, tmp + "c"):
+        if os.path.exists(path):
+            os.remove(path)
+    raise
+print(f"[setup] patched {target}: horovodrun's SIGINT/SIGTERM handler can no longer deadlock")
+PY
