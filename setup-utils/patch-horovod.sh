@@ -14,7 +14,10 @@
 # signal's number to a pipe; a thread reads it. The first signal sets the event
 # as before (the ranks get SIGTERM through their middlemen, horovodrun exits
 # non-zero); a second one sends SIGTERM to the ranks' process groups at once and
-# SIGKILL 5 s later (a third: SIGKILL at once).
+# SIGKILL 5 s later (a third: SIGKILL at once). And a run stopped by a signal
+# ends with one line (`horovodrun: interrupted (SIGINT) ...`, exit 128 + signal)
+# instead of the traceback of "one or more processes exited with non-zero
+# status", which blamed a rank for the user's Ctrl-C.
 #
 # Idempotent and cheap (a grep when already patched): setup-utils/install.sh
 # runs it on every `make setup`. Fails loudly when the installed Horovod is not
@@ -28,7 +31,7 @@ VENV="${1:-${VENV:-$REPO/.venv}}"
 PY="$VENV/bin/python"
 # The revision of this patch: a venv patched by another one is re-patched from the original,
 # which the first patch keeps next to the file (gloo_run.py.mxnet-pfc-orig).
-MARKER="mxnet-pfc patch r1: signal handling that cannot deadlock"
+MARKER="mxnet-pfc patch r2: signal handling that cannot deadlock"
 
 [ -x "$PY" ] || { echo "patch-horovod: no python in $VENV" >&2; exit 1; }
 # Where horovod is, without importing it.
@@ -140,6 +143,7 @@ def _running(proc):
 class _ShutdownOnSignal(object):
     def __init__(self):
         self.event = threading.Event()
+        self.first_signal = None
         self._kill_now = threading.Event()
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
@@ -166,6 +170,7 @@ class _ShutdownOnSignal(object):
             for signum in data:
                 count += 1
                 if count == 1:
+                    self.first_signal = signum
                     self.event.set()
                 elif count == 2:
                     try:    # not a daemon: horovodrun exits only once the workers are gone
@@ -233,10 +238,18 @@ if "mxnet-pfc patch" in source:         # another revision of this patch: start 
         fail(f"it holds another revision of this patch and the original ({backup}) is gone; "
              f"reinstall Horovod")
     source = open(backup).read()
-for text, what in ((OLD, "register_shutdown_event()"), (OLD_IMPORT, "import of typing")):
+OLD_REPORT = "    for name, value in sorted(res.items(), key=lambda item: item[1][1]):\n"
+NEW_REPORT = """    if event.is_set():   # mxnet-pfc patch: stopped by a signal (Ctrl-C), not by a rank's failure
+        signum = _shutdown_on_signal.first_signal or signal.SIGINT
+        sys.stderr.write('horovodrun: interrupted ({}): every rank was stopped and says so above\\n'
+                         .format(signal.Signals(signum).name))
+        sys.exit(128 + signum)
+""" + OLD_REPORT
+for text, what in ((OLD, "register_shutdown_event()"), (OLD_IMPORT, "import of typing"),
+                   (OLD_REPORT, "report of launch_gloo()")):
     if source.count(text) != 1:
         fail(f"the original {what} of Horovod 0.28.1 is not there (modified or another version?)")
-patched = source.replace(OLD_IMPORT, NEW_IMPORT).replace(OLD, NEW)
+patched = source.replace(OLD_IMPORT, NEW_IMPORT).replace(OLD, NEW).replace(OLD_REPORT, NEW_REPORT)
 if not os.path.exists(backup):
     with open(backup + ".tmp", "w") as f:
         f.write(source)

@@ -174,6 +174,9 @@ def test_ctrl_c_says_interrupted_and_how_to_resume(reference, tmp_path):
         line = next((l for l in out.splitlines() if f"[{rank}]<stderr>:rank {rank}: stopping" in l), "")
         assert "interrupted (SIGTERM" in line and "--resume latest" in line, out[-3000:]
     assert "another rank has failed" not in out and "failed:" not in out
+    # and horovodrun (patched by make setup) says so too, with no traceback
+    assert "horovodrun: interrupted (SIGINT)" in out and "Traceback" not in out, out[-3000:]
+    assert proc.returncode == 128 + signal.SIGINT
 
 
 def test_fewer_classes_than_ranks_is_a_clear_error_in_every_rank_log(tmp_path):
