@@ -200,12 +200,7 @@ def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: di
         error = None
     except (OSError, CheckpointError, mx.base.MXNetError) as caught:
         error = _explain_write_error(caught, root, final, rank, head, arg_params, aux_params)
-    try:
-        comm.raise_if_any_failed(error, f"writing checkpoint {tmp}")
-    except BaseException:
-        if rank == 0:        # a partial folder is never loaded; removing it gives back the space it took
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _agree_or_discard(error, f"writing checkpoint {tmp}", tmp, rank)
     if rank == 0:
         try:
             missing = [f"{kind}-rank{r:05d}.npy" for r in range(world) for kind in ("centers", "momentum")
@@ -223,26 +218,32 @@ def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: di
             error = None
         except (OSError, CheckpointError) as caught:
             error = _explain_write_error(caught, root, final, rank, head, arg_params, aux_params)
+    _agree_or_discard(error, f"publishing checkpoint {final}", tmp, rank)
+    log.info(f"checkpoint {final} written in {time.time() - started:.1f} s")
+    return final
+
+
+def _agree_or_discard(error: "BaseException | None", what: str, tmp: str, rank: int) -> None:
+    """comm.raise_if_any_failed; on a failure rank 0 first removes the partial folder (never loaded,
+    and removing it gives back the space it took)."""
     try:
-        comm.raise_if_any_failed(error, f"publishing checkpoint {final}")
+        comm.raise_if_any_failed(error, what)
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info(f"checkpoint {final} written in {time.time() - started:.1f} s")
-    return final
 
 
 def _explain_write_error(error: BaseException, root: str, final: str, rank: int, head, arg_params: dict,
                          aux_params: dict) -> BaseException:
     """A failed write, said plainly: on a full disk, how much was needed and free, and what is still safe."""
+    full = getattr(error, "errno", None) == errno.ENOSPC or "space" in str(error).lower()
+    if not full:
+        return error
     try:
         free = shutil.disk_usage(root).free
     except OSError:
         free = None
-    full = getattr(error, "errno", None) == errno.ENOSPC or "space" in str(error).lower()
-    if not full:
-        return error
     per_rank = 2 * head.weight.size * 4 + sum(v.size * 4 for v in aux_params.values())
     params = sum(v.size * 4 for v in list(arg_params.values()) + list(aux_params.values()))
     needed = per_rank + (3 * params if rank == 0 else 0)       # model, model-average, optimizer.states

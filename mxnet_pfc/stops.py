@@ -36,13 +36,17 @@ def start(logs_folder: str) -> None:
     _state["peers"] = [(r, int(h), int(pid)) for r, (h, pid) in enumerate(comm.gather_rows([host, os.getpid()]))]
 
 
+SIGNALLED = "signal: "       # the record of a rank stopped by a signal, not by a failure of its own
+
+
+def _record_path(logs_folder: str, rank: "int | str") -> str:
+    return os.path.join(logs_folder, f"failed-rank{rank}.txt")
+
+
 def clear_records(logs_folder: str) -> None:
     """Remove the failure records of an earlier run in this folder (rank 0, before the others start)."""
-    for path in glob.glob(os.path.join(logs_folder, "failed-rank*.txt")):
+    for path in glob.glob(_record_path(logs_folder, "*")):
         os.remove(path)
-
-
-SIGNALLED = "signal: "       # the record of a rank stopped by a signal, not by a failure of its own
 
 
 def record_failure(message: str) -> None:
@@ -50,7 +54,7 @@ def record_failure(message: str) -> None:
     if _state["logs"] is None:
         return
     try:
-        with open(os.path.join(_state["logs"], f"failed-rank{comm.rank()}.txt"), "w") as f:
+        with open(_record_path(_state["logs"], comm.rank()), "w") as f:
             f.write(message + "\n")
     except OSError:            # a full disk may be the very failure; the launcher's output still has it
         pass
@@ -59,13 +63,14 @@ def record_failure(message: str) -> None:
 def _records() -> "dict[int, str]":
     """{rank: message} of the other ranks' records."""
     found = {}
-    for path in glob.glob(os.path.join(_state["logs"] or "", "failed-rank*.txt")):
-        try:
-            rank = int(os.path.basename(path)[len("failed-rank"):-len(".txt")])
-            if rank != comm.rank():
-                found[rank] = open(path).read().strip()
-        except (OSError, ValueError):
-            continue
+    if _state["logs"] is None:          # before start(): no records to read yet
+        return found
+    for rank in range(comm.size()):
+        if rank != comm.rank():
+            try:
+                found[rank] = open(_record_path(_state["logs"], rank)).read().strip()
+            except OSError:
+                continue
     return found
 
 

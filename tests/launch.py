@@ -58,6 +58,11 @@ def losses(output) -> dict:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
+def rank_stop_line(out: str, rank: int) -> str:
+    """The line in which rank `rank` says why it stopped (in horovodrun's prefixed output), or ''."""
+    return next((line for line in out.splitlines() if f"[{rank}]<stderr>:rank {rank}: " in line), "")
+
+
 def final_summary(output) -> dict:
     return [json.loads(line) for line in open(output / "metrics.jsonl")][-1]["summary"]
 

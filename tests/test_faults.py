@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from launch import (REFERENCE_RUN, config_sh, finish_command, last_logged_step, losses, run_command,
-                    start_command, tiny_synthetic_run, trainer_pid, wait_until)
+from launch import (REFERENCE_RUN, config_sh, finish_command, last_logged_step, losses, rank_stop_line,
+                    run_command, start_command, tiny_synthetic_run, trainer_pid, wait_until)
 from mxnet_pfc import checkpoint
 
 # A dead process closes its sockets and the launcher ends the job at once (measured
@@ -52,7 +52,8 @@ def test_killed_rank_stops_the_job_and_resume_continues_the_loss_curve(reference
     assert stopped_after < LOST_RANK_BOUND_S, f"the job took {stopped_after:.1f} s to stop"
     assert "exit with status code 137" in out                          # horovodrun names the lost rank
     # Rank 0 says why it stopped: its collective failed, or the launcher ended it.
-    assert "[0]<stderr>:rank 0: " in out and ("another rank has failed" in out or "lost contact" in out), out[-3000:]
+    line = rank_stop_line(out, 0)
+    assert "rank 1 (pid " in line and "ended without a message" in line or "lost contact" in line, out[-3000:]
     assert "done:" not in out
     killed_step = last_logged_step(output)
     latest = checkpoint.list_steps(output / "checkpoints")[-1]
@@ -137,6 +138,6 @@ def test_undecodable_record_stops_every_rank_with_its_position(tmp_path):
     # both ranks name it: the one that read it, and the other (from its failure record), whatever
     # horovodrun says was the first process to exit
     for rank in (0, 1):
-        line = next((l for l in proc.stdout.splitlines() if f"[{rank}]<stderr>:rank {rank}: " in l), "")
+        line = rank_stop_line(proc.stdout, rank)
         assert f"record 7 (byte {offset})" in line, proc.stdout[-4000:]
     assert "done:" not in proc.stdout

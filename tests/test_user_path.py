@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from launch import (REFERENCE_RUN, REPO, config_sh, finish_command, last_logged_step, losses, run_command, run_ranks,
-                    start_command, tiny_synthetic_run, trainer_pid, wait_until)
+from launch import (REFERENCE_RUN, REPO, config_sh, finish_command, last_logged_step, losses, rank_stop_line,
+                    run_command, run_ranks, start_command, tiny_synthetic_run, trainer_pid, wait_until)
 from mxnet_pfc import checkpoint, run_lock
 from mxnet_pfc.data import synthetic
 from mxnet_pfc.data.records import DataError, RecordWriter
@@ -171,8 +171,8 @@ def test_ctrl_c_says_interrupted_and_how_to_resume(reference, tmp_path):
     out = finish_command(proc, timeout=60)
     assert proc.returncode != 0
     for rank in (0, 1):
-        line = next((l for l in out.splitlines() if f"[{rank}]<stderr>:rank {rank}: stopping" in l), "")
-        assert "interrupted (SIGTERM" in line and "--resume latest" in line, out[-3000:]
+        line = rank_stop_line(out, rank)
+        assert "stopping: interrupted (SIGTERM" in line and "--resume latest" in line, out[-3000:]
     assert "another rank has failed" not in out and "failed:" not in out
     # and horovodrun (patched by make setup) says so too, with no traceback
     assert "horovodrun: interrupted (SIGINT)" in out and "Traceback" not in out, out[-3000:]
@@ -207,7 +207,7 @@ def test_disk_full_during_a_checkpoint_says_so_on_every_rank_and_keeps_the_previ
     proc = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN)), timeout=300)
     assert proc.returncode != 0
     for rank in (0, 1):
-        line = next(l for l in proc.stdout.splitlines() if f"[{rank}]<stderr>:rank {rank}: " in l)
+        line = rank_stop_line(proc.stdout, rank)
         assert "step-00000016 not written: the disk is full" in line, proc.stdout[-3000:]
         assert "MB free" in line and "step-00000008 is intact" in line and "--resume latest" in line, line
     assert checkpoint.list_steps(output / "checkpoints") == [8]
@@ -220,5 +220,5 @@ def test_disk_full_at_start_up_is_said_by_every_rank(reference, small_disk):
     proc = run_command(config_sh(*tiny_synthetic_run(data, small_disk / "run", "--max_update", 2)), timeout=120)
     assert proc.returncode != 0
     for rank in (0, 1):
-        line = next(l for l in proc.stdout.splitlines() if f"[{rank}]<stderr>:rank {rank}: " in l)
+        line = rank_stop_line(proc.stdout, rank)
         assert "No space left on device" in line and "lost contact" not in line, proc.stdout[-3000:]
