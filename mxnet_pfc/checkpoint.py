@@ -36,6 +36,7 @@ import mxnet as mx
 import numpy as np
 
 from . import comm
+from .errors import PfcError
 from .files import write_json
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(PfcError, ValueError):
     """A checkpoint that is missing, incomplete, or does not fit the configured run."""
 
 

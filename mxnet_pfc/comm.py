@@ -16,6 +16,8 @@ import sys
 
 import mxnet as mx
 
+from .errors import PfcError
+
 # How long a fault may take to stop the job, when the launcher has not already
 # (a process that dies closes its sockets, and horovodrun/mpirun end the job at
 # once). Set before hvd.init(), which reads them; the environment overrides.
@@ -172,7 +174,7 @@ def raise_if_any_failed(error: "BaseException | None", what: str) -> None:
                               f"rank {failed[0]}: {first}")
 
 
-class RankFailedError(RuntimeError):
+class RankFailedError(PfcError, RuntimeError):
     """Another rank failed (its message is in this one); this rank stops with it."""
 
 
@@ -191,7 +193,7 @@ _LOST_PEER_SIGNS = ("Horovod has been shut down", "Connection closed by peer", "
                     "Timed out", "Broken pipe")
 
 
-class LostRankError(RuntimeError):
+class LostRankError(PfcError, RuntimeError):
     """A collective failed because another rank is gone; this rank cannot go on."""
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 
 import symbols
 
+from .errors import PfcError
 from .files import write_json
 
 
@@ -138,7 +139,7 @@ DATA_FIELDS = ("rec", "num_classes", "num_images", "val_targets", "synthetic_ide
                "synthetic_images_per_identity", "synthetic_val_pairs")
 
 
-class ConfigError(ValueError):
+class ConfigError(PfcError, ValueError):
     """A configuration value that is unknown or out of range; the message names the field."""
 
 

@@ -27,11 +27,12 @@ from tqdm import tqdm
 from .checkpoint import CheckpointError
 from .data.pack import IMAGE_SUFFIXES, list_identities
 from .data.records import DataError
+from .errors import PfcError
 from .eval.verification import embed_pairs
 from .inference import Embedder, ModelError, load_model
 
 
-class EmbedError(ValueError):
+class EmbedError(PfcError, ValueError):
     """An input of the embed command that cannot be used."""
 
 

@@ -18,9 +18,10 @@ import numpy as np
 import symbols
 
 from . import checkpoint
+from .errors import PfcError
 
 
-class ModelError(ValueError):
+class ModelError(PfcError, ValueError):
     """A model that cannot be found or loaded."""
 
 

@@ -23,6 +23,7 @@ import mxnet as mx
 import numpy as np
 
 from . import comm, seeding
+from .errors import PfcError
 from .kernels import head_ops, logaddexp
 from .margin import CombinedMarginLoss
 
@@ -72,11 +73,11 @@ class Workspace:
         return flat[:size].reshape(shape)
 
 
-class PartialFCInputError(ValueError):
+class PartialFCInputError(PfcError, ValueError):
     """Inputs of a step were invalid on at least one rank; raised on every rank."""
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(PfcError, FloatingPointError):
     """The loss of a step is NaN or infinite; raised on every rank before any center moves."""
 
 

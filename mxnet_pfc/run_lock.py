@@ -23,12 +23,14 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .errors import PfcError
+
 LOCK_NAME = "RUNNING.lock"
 HEARTBEAT_SECONDS = 10.0
 STALE_SECONDS = 60.0
 
 
-class OutputBusyError(RuntimeError):
+class OutputBusyError(PfcError, RuntimeError):
     """Another run holds the output folder."""
 
 

@@ -17,8 +17,10 @@ import mxnet as mx
 import numpy as np
 import simplejpeg
 
+from ..errors import PfcError
 
-class DataError(ValueError):
+
+class DataError(PfcError, ValueError):
     """A data set that cannot be read as described: names the file and the problem."""
 
 
@@ -144,7 +146,7 @@ def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_cl
     return image, label
 
 
-class DamagedJPEG(ValueError):
+class DamagedJPEG(PfcError, ValueError):
     """libjpeg reported a JPEG as damaged (its message is the text)."""
 
 

@@ -21,10 +21,11 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
+from ..errors import PfcError
 from ..inference import Embedder
 
 
-class BinFormatError(ValueError):
+class BinFormatError(PfcError, ValueError):
     """A .bin file that is not (list of encoded images, list of booleans)."""
 
 

@@ -1,0 +1,13 @@
+"""The base of every error this project raises on purpose.
+
+A `PfcError` is a problem the user can act on (bad input, a configuration
+that does not fit, a damaged file, a rank that failed); its message says what
+and where. Commands catch this one type, print the message and stop; any
+other exception is a defect of ours and is reported with its traceback.
+The subclasses keep a builtin base (ValueError, RuntimeError ...) as well, so
+code that caught those before keeps working.
+"""
+
+
+class PfcError(Exception):
+    """A problem with the run's input, files or peers, explained in the message."""
