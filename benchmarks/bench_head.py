@@ -27,7 +27,7 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from mxnet_pfc import CombinedMarginLoss, PartialFC, comm  # noqa: E402
+from mxnet_pfc import CombinedMarginLoss, PartialFC, comm, margin  # noqa: E402
 from mxnet_pfc.plan import head_memory  # noqa: E402
 
 nd = mx.nd
@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=8, help="measured steps")
     p.add_argument("--warmup", type=int, default=2,
                    help="steps run before measuring (at least 1; peak memory is read after them)")
-    p.add_argument("--margin", default="arcface", choices=["arcface", "cosface", "combined"])
+    p.add_argument("--margin", default="arcface", choices=sorted(margin.PRESETS))
     p.add_argument("--kernels", default="auto", choices=["auto", "fused", "mxnet"],
                    help="fused C++ CPU kernels, MXNet ops, or auto (fused where available)")
     p.add_argument("--json", type=Path, help="append the result as one JSON line to this file")
@@ -101,7 +101,7 @@ def main(argv=None):
             continue
         head.append(elapsed)
         floor.append(time_matmuls(N, pfc.sampled_index.shape[0], D, ctx, cache))
-    mine = [float(np.median(head)), float(np.median(floor)), peak_mb, pfc.num_sample, pfc.num_local]
+    mine = [float(np.median(head)), float(np.median(floor)), peak_mb, pfc.num_sample, pfc.bank.num_local]
     table = comm.gather_rows(mine)
     if rank != 0:
         return

@@ -32,9 +32,9 @@ def emulate_half_storage(report_every: int) -> None:
     counts = {"steps": 0}
 
     def forward_backward(self, *args, **kwargs):
-        before = self.weight.asnumpy().astype(np.float16)
+        before = self.bank.weight.asnumpy().astype(np.float16)
         result = original(self, *args, **kwargs)
-        after = self.weight.asnumpy()
+        after = self.bank.weight.asnumpy()
         rows = np.unique(self.sampled_index.asnumpy())
         moved = after[rows] != before[rows].astype(np.float32)
         dropped = moved & (after[rows].astype(np.float16) == before[rows])
@@ -42,7 +42,7 @@ def emulate_half_storage(report_every: int) -> None:
         if comm.rank() == 0 and counts["steps"] % report_every == 0:
             print(f"[half_centers] step {counts['steps']}: float16 storage drops "
                   f"{dropped.sum() / max(moved.sum(), 1):.1%} of the center element updates", flush=True)
-        for table in (self.weight, self.weight_mom):
+        for table in (self.bank.weight, self.bank.weight_mom):
             table[:] = table.astype("float16").astype("float32")
         return result
 

@@ -20,7 +20,9 @@ is therefore complete; a crash while saving leaves only a .tmp folder, which
 loading ignores and the next save removes.
 
 The folder must be on a filesystem every rank can read (as for the data):
-resuming onto a different number of ranks reads other ranks' shards.
+resuming onto a different number of ranks reads other ranks' shards. The
+centers and momentum files are the memory bank's (memory_bank.py writes and
+reads them, re-sharding on load); docs/DESIGN.md section 5 has the whole layout.
 """
 from __future__ import annotations
 
@@ -31,13 +33,15 @@ import os
 import re
 import shutil
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import mxnet as mx
-import numpy as np
 
 from . import comm
-from .errors import PfcError
+from .errors import CheckpointError
 from .files import write_json
+from .memory_bank import MemoryBank, shard_files
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,8 @@ FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
-class CheckpointError(PfcError, ValueError):
-    """A checkpoint that is missing, incomplete, or does not fit the configured run."""
+__all__ = ["CheckpointError", "BackboneSnapshot", "take_snapshot", "save", "locate", "read_state", "list_steps",
+           "step_dir", "check_compatible", "check_params", "load_backbone", "resume_position"]
 
 
 def step_dir(root: str, step: int) -> str:
@@ -126,23 +130,6 @@ def check_params(params: dict, expected: dict, path: str, network: str) -> None:
                               + "; ".join(problems))
 
 
-def shard_overlaps(shards: "list[list[int]]", start: int, count: int) -> "list[tuple[int, int, int, int]]":
-    """Where rows [start, start + count) of the class table lie in saved shards.
-
-    shards[r] = (class_start, num_local) of old rank r. Returns (old_rank,
-    row_in_old_shard, row_in_new_range, rows) pieces covering the new range.
-    """
-    pieces, covered = [], 0
-    for old_rank, (old_start, old_count) in enumerate(shards):
-        lo, hi = max(start, old_start), min(start + count, old_start + old_count)
-        if lo < hi:
-            pieces.append((old_rank, lo - old_start, lo - start, hi - lo))
-            covered += hi - lo
-    if covered != count:
-        raise CheckpointError(f"the saved shards cover {covered} of the {count} classes [{start}, {start + count})")
-    return pieces
-
-
 def _fsync(path: str) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -154,89 +141,99 @@ def _average(params: "dict[str, mx.nd.NDArray]", prefix: str) -> "dict[str, mx.n
             for name, value in sorted(params.items())}
 
 
-def save(root: str, step: int, *, module, head, symbol: mx.sym.Symbol, state: dict, keep: int) -> str:
+@dataclass(frozen=True)
+class BackboneSnapshot:
+    """This rank's backbone parameters and their averages over ranks, taken at one step."""
+    arg_params: dict
+    aux_params: dict
+    average_arg: dict
+    average_aux: dict
+
+
+def take_snapshot(module) -> BackboneSnapshot:
+    """The backbone of this step on the CPU, with its rank averages (collective: every rank calls it)."""
+    arg_params, aux_params = module.get_params()
+    return BackboneSnapshot(arg_params, aux_params, _average(arg_params, "ckpt.arg"), _average(aux_params, "ckpt.aux"))
+
+
+def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbol, state: dict, keep: int,
+         backbone: "BackboneSnapshot | None" = None) -> str:
     """Write the checkpoint of `step` (all ranks call this together); returns its folder.
 
     `state` holds the run's own fields (epoch, schedule, configuration ...);
-    shards, world size and format are added here. Any rank's failure raises on
-    every rank, and the checkpoint is then not published.
+    shards, world size and format are added here, and state.json is written
+    once, last. `backbone` is the snapshot to save (taken here if not given).
+    Any rank's failure raises on every rank, and the checkpoint is then not
+    published: its partial folder is removed.
     """
     rank, world = comm.rank(), comm.size()
     final = step_dir(root, step)
     tmp = final + ".tmp"
-    error = None
-    if rank == 0:
-        try:
+    with comm.fail_together(f"preparing checkpoint {tmp}"):
+        if rank == 0:
             os.makedirs(root, exist_ok=True)
             for stale in os.listdir(root):        # crashed saves, and a stale copy of this one
                 if stale.endswith(".tmp") or stale == os.path.basename(final):
                     shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
             os.makedirs(tmp)
-        except OSError as caught:
-            error = caught
-    comm.raise_if_any_failed(error, f"preparing checkpoint {tmp}")
     started = time.time()
-    arg_params, aux_params = module.get_params()
-    average_arg, average_aux = _average(arg_params, "ckpt.arg"), _average(aux_params, "ckpt.aux")
-    shards = comm.gather_rows([head.class_start, head.num_local])
-    try:
+    backbone = backbone or take_snapshot(module)
+    shards = comm.gather_rows([bank.class_start, bank.num_local])
+    explain = lambda error: _explain_write_error(error, root, final, rank, bank, backbone)  # noqa: E731
+    with _discarded_on_failure(f"writing checkpoint {tmp}", tmp, rank, explain):
         if not os.path.isdir(tmp):
             raise CheckpointError(f"rank {rank} cannot see {tmp}, which rank 0 created: the output folder must be "
                                   "on a filesystem that every rank shares")
-        centers = os.path.join(tmp, f"centers-rank{rank:05d}.npy")
-        momentum = os.path.join(tmp, f"momentum-rank{rank:05d}.npy")
+        written = bank.save(tmp)
         aux = os.path.join(tmp, f"aux-rank{rank:05d}.params")
-        np.save(centers, head.weight.asnumpy())           # host copies: sync points
-        np.save(momentum, head.weight_mom.asnumpy())
-        mx.nd.save(aux, aux_params)
-        written = [centers, momentum, aux]
+        mx.nd.save(aux, backbone.aux_params)
+        written.append(aux)
         if rank == 0:
-            mx.model.save_checkpoint(os.path.join(tmp, "model"), 0, symbol, arg_params, aux_params)
-            mx.model.save_checkpoint(os.path.join(tmp, "model-average"), 0, symbol, average_arg, average_aux)
+            mx.model.save_checkpoint(os.path.join(tmp, "model"), 0, symbol, backbone.arg_params, backbone.aux_params)
+            mx.model.save_checkpoint(os.path.join(tmp, "model-average"), 0, symbol, backbone.average_arg,
+                                     backbone.average_aux)
             module.save_optimizer_states(os.path.join(tmp, "optimizer.states"))
             written += [os.path.join(tmp, name) for name in ("model-0000.params", "model-average-0000.params",
                                                              "optimizer.states")]
         for path in written:
             _fsync(path)
-        error = None
-    except (OSError, CheckpointError, mx.base.MXNetError) as caught:
-        error = _explain_write_error(caught, root, final, rank, head, arg_params, aux_params)
-    _agree_or_discard(error, f"writing checkpoint {tmp}", tmp, rank)
-    if rank == 0:
-        try:
-            missing = [f"{kind}-rank{r:05d}.npy" for r in range(world) for kind in ("centers", "momentum")
-                       if not os.path.exists(os.path.join(tmp, f"{kind}-rank{r:05d}.npy"))]
+    with _discarded_on_failure(f"publishing checkpoint {final}", tmp, rank, explain):
+        if rank == 0:
+            missing = [os.path.basename(path) for r in range(world) for path in shard_files(tmp, r).values()
+                       if not os.path.exists(path)]
             if missing:
                 raise CheckpointError(f"rank 0 cannot see {', '.join(missing[:4])} in {tmp}: the output folder "
                                       "must be on a filesystem that every rank shares")
             write_json(os.path.join(tmp, "state.json"), {
                 **state, "format": FORMAT_VERSION, "step": step, "world_size": world,
-                "num_classes": head.num_classes, "embedding_size": head.embedding_size,
+                "num_classes": bank.num_classes, "embedding_size": bank.embedding_size,
                 "shards": [[int(a), int(b)] for a, b in shards], "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")})
             os.replace(tmp, final)
             for old in list_steps(root)[:-keep] if keep > 0 else []:
                 shutil.rmtree(step_dir(root, old), ignore_errors=True)
-            error = None
-        except (OSError, CheckpointError) as caught:
-            error = _explain_write_error(caught, root, final, rank, head, arg_params, aux_params)
-    _agree_or_discard(error, f"publishing checkpoint {final}", tmp, rank)
     log.info(f"checkpoint {final} written in {time.time() - started:.1f} s")
     return final
 
 
-def _agree_or_discard(error: "BaseException | None", what: str, tmp: str, rank: int) -> None:
-    """comm.raise_if_any_failed; on a failure rank 0 first removes the partial folder (never loaded,
-    and removing it gives back the space it took)."""
+@contextmanager
+def _discarded_on_failure(what: str, tmp: str, rank: int, explain):
+    """comm.fail_together for a step of writing; a failure is first explained (a full disk), and
+    on any rank's failure rank 0 removes the partial folder (never loaded; removing it gives back
+    the space it took)."""
     try:
-        comm.raise_if_any_failed(error, what)
+        with comm.fail_together(what):
+            try:
+                yield
+            except (OSError, CheckpointError, mx.base.MXNetError) as error:
+                raise explain(error) from None
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _explain_write_error(error: BaseException, root: str, final: str, rank: int, head, arg_params: dict,
-                         aux_params: dict) -> BaseException:
+def _explain_write_error(error: BaseException, root: str, final: str, rank: int, bank: MemoryBank,
+                         backbone: BackboneSnapshot) -> BaseException:
     """A failed write, said plainly: on a full disk, how much was needed and free, and what is still safe."""
     full = getattr(error, "errno", None) == errno.ENOSPC or "space" in str(error).lower()
     if not full:
@@ -245,8 +242,8 @@ def _explain_write_error(error: BaseException, root: str, final: str, rank: int,
         free = shutil.disk_usage(root).free
     except OSError:
         free = None
-    per_rank = 2 * head.weight.size * 4 + sum(v.size * 4 for v in aux_params.values())
-    params = sum(v.size * 4 for v in list(arg_params.values()) + list(aux_params.values()))
+    per_rank = bank.nbytes + sum(v.size * 4 for v in backbone.aux_params.values())
+    params = sum(v.size * 4 for v in list(backbone.arg_params.values()) + list(backbone.aux_params.values()))
     needed = per_rank + (3 * params if rank == 0 else 0)       # model, model-average, optimizer.states
     steps = list_steps(root)
     previous = (f"the previous checkpoint {step_dir(root, steps[-1])} is intact" if steps
@@ -274,21 +271,6 @@ def load_backbone(path: str, rank: int, same_world: bool, average: bool = False)
     except (OSError, mx.base.MXNetError) as error:
         raise CheckpointError(f"{path}: cannot read the backbone: {str(error).splitlines()[0]}") from None
     return arg_params, aux_params
-
-
-def load_centers(path: str, state: dict, head) -> None:
-    """Fill head.weight and head.weight_mom with this rank's classes, from whichever saved shards hold them."""
-    pieces = shard_overlaps(state["shards"], head.class_start, head.num_local)
-    for kind, target in (("centers", head.weight), ("momentum", head.weight_mom)):
-        for old_rank, old_row, new_row, rows in pieces:
-            file = os.path.join(path, f"{kind}-rank{old_rank:05d}.npy")
-            try:
-                saved = np.load(file, mmap_mode="r")     # reads only the rows copied below
-            except (OSError, ValueError) as error:
-                raise CheckpointError(f"{file}: {error}") from None
-            if saved.ndim != 2 or saved.shape[1] != head.embedding_size:
-                raise CheckpointError(f"{file}: shape {saved.shape}, expected (rows, {head.embedding_size})")
-            target[new_row:new_row + rows] = mx.nd.array(saved[old_row:old_row + rows], dtype="float32")
 
 
 def resume_position(state: dict, steps_per_epoch: int, global_batch: int) -> "tuple[int, int]":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from contextlib import contextmanager
 
 import mxnet as mx
 
@@ -172,6 +173,28 @@ def raise_if_any_failed(error: "BaseException | None", what: str) -> None:
         first = bytes(table[failed[0], 1:].astype(np.uint8)).rstrip(b"\0").decode(errors="replace")
         raise RankFailedError(f"{what} failed on rank(s) {', '.join(map(str, failed))}: "
                               f"rank {failed[0]}: {first}")
+
+
+@contextmanager
+def fail_together(what: str):
+    """Run a block on every rank; if it failed on any rank, every rank raises when it ends.
+
+    Wrap each piece of work that only some ranks may fail in (reading files,
+    rank 0's writes) before the next collective:
+
+        with comm.fail_together("setup"):
+            data = open_the_data()
+
+    The failing rank raises its own error, the others RankFailedError naming
+    it (raise_if_any_failed). Only Exception is caught: a KeyboardInterrupt
+    passes straight through.
+    """
+    error = None
+    try:
+        yield
+    except Exception as caught:
+        error = caught
+    raise_if_any_failed(error, what)
 
 
 class RankFailedError(PfcError, RuntimeError):

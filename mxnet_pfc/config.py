@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 
 import symbols
 
+from . import margin
 from .errors import PfcError
 from .files import write_json
 
@@ -117,20 +118,15 @@ DATASETS = {
     "speed-100m": dict(rec="", num_classes=100_000_000, num_images=100_000, val_targets=(), max_update=200,
                        frequent=10, sample_rate=0.1),
 }
-NETWORKS = {
-    "r18": dict(network="r18"), "r34": dict(network="r34"), "r50": dict(network="r50"),
-    "r100": dict(network="r100"), "mbf": dict(network="mbf", embedding_size=512),
-    # a CPU-sized iResNet-18 (quarter width, stride-4 stem) for the synthetic default and tests
-    "r18-lite": dict(network="r18-lite", embedding_size=128),
+# --network: every network of the symbols registry, with the fields it sets beyond its name.
+NETWORK_FIELDS = {
+    # the CPU-sized iResNet-18 (quarter width, stride-4 stem) of the synthetic default and the tests
+    "r18-lite": dict(embedding_size=128),
 }
-LOSSES = {
-    "arcface": dict(loss="arcface", margin_s=64.0, margin_m1=1.0, margin_m2=0.5, margin_m3=0.0),
-    "cosface": dict(loss="cosface", margin_s=64.0, margin_m1=1.0, margin_m2=0.0, margin_m3=0.4),
-    "combined": dict(loss="combined", margin_s=64.0, margin_m1=1.0, margin_m2=0.3, margin_m3=0.2),
-    # CosFace with half the scale and margin: starts learning within a few hundred steps on
-    # 10^3 classes, where s = 64, m = 0.4 stays at chance that long (the synthetic default)
-    "cosface-small": dict(loss="cosface-small", margin_s=32.0, margin_m1=1.0, margin_m2=0.0, margin_m3=0.2),
-}
+NETWORKS = {name: dict(network=name, **NETWORK_FIELDS.get(name, {})) for name in symbols.NETWORKS}
+# --loss: the margin presets of margin.PRESETS, as configuration fields.
+LOSSES = {name: dict(loss=name, **{f"margin_{key}": value for key, value in preset.items()})
+          for name, preset in margin.PRESETS.items()}
 PRESET_FIELDS = {"dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
 # What a --dataset preset says about its own data set. Naming your own set with
 # --rec drops all of them: its class count, verification pairs and generation

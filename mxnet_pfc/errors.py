@@ -11,3 +11,11 @@ code that caught those before keeps working.
 
 class PfcError(Exception):
     """A problem with the run's input, files or peers, explained in the message."""
+
+
+class CheckpointError(PfcError, ValueError):
+    """A checkpoint that is missing, incomplete, or does not fit the configured run.
+
+    Defined here because both the checkpoint folder (checkpoint.py) and the
+    memory bank's shards in it (memory_bank.py) raise it.
+    """

@@ -7,7 +7,6 @@ backbone gradients over ranks inside the optimizer's update.
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import warnings
 
@@ -18,29 +17,6 @@ from . import comm
 from .partial_fc import PartialFC
 
 log = logging.getLogger(__name__)
-
-
-class LRSchedule:
-    """Learning rate per step (0-based): linear warm-up, then multi-step or polynomial decay.
-
-    multistep: lr x factor^(number of decay steps <= step);
-    poly: lr x (1 - (step - warmup) / (max_update - warmup))^power.
-    Warm-up: lr x (step + 1) / warmup_steps for the first warmup_steps steps.
-    """
-
-    def __init__(self, lr: float, max_update: int, kind: str = "multistep", decay_steps=(),
-                 factor: float = 0.1, warmup_steps: int = 0, power: float = 2.0):
-        self.lr, self.max_update, self.kind = lr, max_update, kind
-        self.decay_steps, self.factor = sorted(int(s) for s in decay_steps), factor
-        self.warmup_steps, self.power = int(warmup_steps), power
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        if self.kind == "poly":
-            span = max(1, self.max_update - self.warmup_steps)
-            return self.lr * max(0.0, 1 - (step - self.warmup_steps) / span) ** self.power
-        return self.lr * self.factor ** bisect.bisect_right(self.decay_steps, step)
 
 
 class PartialFCModule:

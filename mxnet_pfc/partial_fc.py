@@ -12,7 +12,10 @@ their SGD momentum). One step, for the global batch of N = B x world_size rows:
   gradients      d loss / d embeddings, allreduced over ranks       (collective 3)
   update         momentum SGD of the sampled centers only
 
-See DESIGN.md section 2 for the math; the code below follows its names.
+The parts: exchange.py checks and packs the inputs of collective 1;
+memory_bank.py holds this rank's centers, momentum and their SGD; this
+module samples the centers and runs the step. docs/DESIGN.md section 2 has
+the math; the code below follows its names.
 """
 from __future__ import annotations
 
@@ -22,30 +25,18 @@ import math
 import mxnet as mx
 import numpy as np
 
-from . import comm, seeding
+from . import comm, exchange, seeding
 from .errors import PfcError
+from .exchange import PartialFCInputError
 from .kernels import head_ops, logaddexp
 from .margin import CombinedMarginLoss
+from .memory_bank import MemoryBank, shard_range
+
+__all__ = ["PartialFC", "PartialFCInputError", "NonFiniteLossError", "CenterSampler", "shard_range",
+           "num_sampled_centers", "max_sampled_centers", "expected_draws"]
 
 nd = mx.nd
 log = logging.getLogger(__name__)
-
-FLOAT32_EXACT_INT = 2 ** 24   # float32 holds every integer up to this, not beyond
-_LABEL_SPLIT = FLOAT32_EXACT_INT   # labels travel as hi * 2^24 + lo, both exact in float32
-
-
-def _split_hi_lo(labels: nd.NDArray) -> nd.NDArray:
-    """int64 values (< 2^48) -> float32 (n, 2) pairs (hi, lo), exactly."""
-    value = labels.astype("float64")
-    hi = nd.floor(value / _LABEL_SPLIT)
-    return nd.stack(hi, value - hi * _LABEL_SPLIT, axis=1).astype("float32")
-
-
-def _join_hi_lo(pairs: nd.NDArray) -> nd.NDArray:
-    """Inverse of _split_hi_lo: float32 (n, 2) -> int64 (n,)."""
-    pairs = pairs.astype("float64")
-    return (pairs[:, 0] * _LABEL_SPLIT + pairs[:, 1]).astype("int64")
-
 
 def _full_like(like: nd.NDArray, value) -> nd.NDArray:
     return nd.full(like.shape, value, ctx=like.context, dtype=like.dtype)
@@ -73,29 +64,19 @@ class Workspace:
         return flat[:size].reshape(shape)
 
 
-class PartialFCInputError(PfcError, ValueError):
-    """Inputs of a step were invalid on at least one rank; raised on every rank."""
-
-
 class NonFiniteLossError(PfcError, FloatingPointError):
     """The loss of a step is NaN or infinite; raised on every rank before any center moves."""
-
-
-def shard_range(num_classes: int, rank: int, world_size: int) -> "tuple[int, int]":
-    """(class_start, num_local) of `rank`: contiguous ranges, remainder on the first ranks."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
-    if num_classes < world_size:
-        raise ValueError(f"num_classes ({num_classes}) must be at least the world size ({world_size})")
-    base, remainder = divmod(num_classes, world_size)
-    num_local = base + (1 if rank < remainder else 0)
-    class_start = rank * base + min(rank, remainder)
-    return class_start, num_local
 
 
 def num_sampled_centers(num_local: int, sample_rate: float) -> int:
     """Centers taken per step before positives overflow it: int(rate * num_local), at least 1."""
     return min(num_local, max(1, int(sample_rate * num_local)))
+
+
+def max_sampled_centers(num_local: int, sample_rate: float, global_batch: int) -> int:
+    """The most centers one step can use on a rank: the sampled number, or more when a global
+    batch of distinct positives exceeds it (each positive is always taken)."""
+    return max(num_sampled_centers(num_local, sample_rate), min(num_local, global_batch))
 
 
 def expected_draws(num_local: int, num_sample: int) -> int:
@@ -183,7 +164,7 @@ class CenterSampler:
 
 
 class PartialFC:
-    """The sharded classification head with its own momentum SGD.
+    """The sharded classification head: sampling and the three-collective step.
 
     Usable from any MXNet training loop::
 
@@ -192,10 +173,10 @@ class PartialFC:
         loss, grad = pfc.forward_backward(local_embeddings, local_labels)
 
     Every rank must construct it with the same arguments and call
-    forward_backward in lock step (it runs collectives). The SGD follows
-    MXNet's sgd_mom_update: mom = momentum * mom - lr * (grad + wd * w); w += mom,
-    with grad the gradient of the mean loss over the global batch. `lr` may be
-    changed between steps.
+    forward_backward in lock step (it runs collectives). Its centers live in
+    `pfc.bank` (memory_bank.MemoryBank), updated by momentum SGD with the
+    gradient of the mean loss over the global batch; `lr` may be changed
+    between steps.
     """
 
     def __init__(self, margin: CombinedMarginLoss, embedding_size: int, num_classes: int,
@@ -215,28 +196,34 @@ class PartialFC:
         self.num_classes = int(num_classes)
         self.sample_rate = float(sample_rate)
         self.ctx = ctx if ctx is not None else mx.cpu()
-        self.lr, self.momentum, self.wd = float(lr), float(momentum), float(wd)
 
         self.rank, self.world_size = comm.rank(), comm.size()
         self._check_same_config()
-        self.class_start, self.num_local = shard_range(self.num_classes, self.rank, self.world_size)
-        self.num_sample = num_sampled_centers(self.num_local, self.sample_rate)
         if seed is not None:        # the trainer seeds for itself (seeding.py) and passes None
             seeding.seed_generators(seed, self.rank, step=0)
-        self.weight = nd.random.normal(0.0, init_std, shape=(self.num_local, self.embedding_size),
-                                       ctx=self.ctx, dtype="float32")
-        self.weight_mom = nd.zeros_like(self.weight)
-        self.sampler = CenterSampler(self.num_local, self.num_sample, self.ctx)
-        self.sampled_index = None     # sorted local ids of the centers used by the last step
         self.ops = head_ops(self.ctx, fused_kernels)   # fused C++ kernels or MXNet ops
+        self.bank = MemoryBank(self.num_classes, self.embedding_size, self.rank, self.world_size, self.ctx,
+                               self.ops, lr=lr, momentum=momentum, wd=wd, init_std=init_std)
+        self.num_sample = num_sampled_centers(self.bank.num_local, self.sample_rate)
+        self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self.ctx)
+        self.sampled_index = None     # sorted local ids of the centers used by the last step
         self.workspace = Workspace(self.ctx)
 
+    @property
+    def lr(self) -> float:
+        """The centers' learning rate (the bank's), settable between steps."""
+        return self.bank.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.bank.lr = float(value)
+
     def __repr__(self) -> str:
-        return (f"PartialFC(rank {self.rank}/{self.world_size}, classes [{self.class_start}, "
-                f"{self.class_start + self.num_local}) of {self.num_classes}, "
+        bank = self.bank
+        return (f"PartialFC(rank {self.rank}/{self.world_size}, classes [{bank.class_start}, "
+                f"{bank.class_start + bank.num_local}) of {self.num_classes}, "
                 f"{self.num_sample} sampled, D={self.embedding_size}, {self.margin})")
 
-    # ------------------------------------------------------------------ checks
     def _check_same_config(self) -> None:
         """All ranks must agree on the head's shape and margin, or none can run."""
         mine = [self.num_classes, self.embedding_size, self.sample_rate, *self.margin.as_tuple()]
@@ -247,130 +234,15 @@ class PartialFC:
                      for k, name in enumerate(names) if len({row[k] for row in table}) > 1]
             raise PartialFCInputError("PartialFC settings differ across ranks: " + "; ".join(diffs))
 
-    # Problems found while converting one rank's inputs; sent as a code so that
-    # every rank can raise the same message.
-    _CONVERSION_PROBLEMS = {
-        1: "embeddings must be a numeric array",
-        2: "labels must be integers (or floats holding integers)",
-        3: "float32 labels cannot hold class ids above 2^24 = 16777216 exactly: pass int64 labels",
-    }
-
-    def _convert_inputs(self, embeddings, labels) -> "tuple[nd.NDArray | None, nd.NDArray | None, int]":
-        """(float32 embeddings, int64 labels, problem code) on self.ctx; code 0 when fine.
-
-        Float labels must hold exact integers; those that do not become -1 and
-        are reported as out of range by the check.
-        """
-        try:
-            if isinstance(embeddings, nd.NDArray):
-                x = embeddings.as_in_context(self.ctx).astype("float32", copy=False)
-            else:
-                x = nd.array(np.asarray(embeddings, dtype=np.float32), ctx=self.ctx)
-        except (TypeError, ValueError):
-            return None, None, 1
-        dtype = np.dtype(labels.dtype) if isinstance(labels, nd.NDArray) else np.asarray(labels).dtype
-        if dtype.kind not in "iuf":
-            return x, None, 2
-        if dtype.kind == "f" and dtype.itemsize <= 4 and self.num_classes > FLOAT32_EXACT_INT:
-            return x, None, 3
-        if isinstance(labels, nd.NDArray):
-            y = labels.as_in_context(self.ctx)
-        else:
-            y = nd.array(np.asarray(labels), ctx=self.ctx, dtype=dtype)
-        if dtype.kind == "f":
-            as_int = y.astype("int64")
-            return x, nd.where(as_int.astype(y.dtype) == y, as_int, _full_like(as_int, -1)), 0
-        return x, y.astype("int64", copy=False), 0
-
-    # One rank's header in the gathered batch: what every rank needs to check
-    # every rank's input. Label values travel as exact (hi, lo) float32 pairs.
-    _HEADER = ("problem", "rows", "width", "labels", "label_ndim", "bad_labels", "nonfinite",
-               "min_hi", "min_lo", "max_hi", "max_lo", "label_values", "embedding_values")
-
-    def _pack(self, x, labels, problem: int) -> nd.NDArray:
-        """This rank's part of the gathered batch: header, labels (hi, lo), embeddings, flat float32."""
-        shape = x.shape if x is not None else ()
-        label_shape = labels.shape if labels is not None else ()
-        rows = shape[0] if len(shape) == 2 else -1
-        width = shape[1] if len(shape) == 2 else -1
-        valid = problem == 0 and len(shape) == 2 and label_shape == (rows,) and rows > 0
-        head = [problem, rows, width, label_shape[0] if len(label_shape) == 1 else -1, len(label_shape)]
-        if not valid:
-            header = nd.array(head + [0] * (len(self._HEADER) - len(head)), ctx=self.ctx)
-            return header
-        bad = ((labels < 0) + (labels >= self.num_classes)).sum().astype("float32")
-        nonfinite = (x.size - nd.contrib.isfinite(x).sum()).astype("float32")
-        extremes = _split_hi_lo(nd.concat(labels.min(), labels.max(), dim=0))
-        header = nd.concat(nd.array(head, ctx=self.ctx), bad, nonfinite, extremes.reshape((-1,)),
-                           nd.array([2 * rows, rows * width], ctx=self.ctx), dim=0)
-        return nd.concat(header, _split_hi_lo(labels).reshape((-1,)), x.reshape((-1,)), dim=0)
-
-    def _gather_batch(self, x, labels, problem: int) -> "tuple[nd.NDArray, nd.NDArray]":
-        """Collective 1: every rank's embeddings and labels, checked; raises on every rank if bad.
-
-        Each rank sends one flat vector (header, labels, embeddings), so even
-        inputs of the wrong width or batch size gather without hanging, and all
-        ranks see every rank's header and raise the same error.
-        """
-        gathered = comm.allgather(self._pack(x, labels, problem), name="pfc.batch")
-        K = len(self._HEADER)
-        headers, offset, table = [], 0, None
-        # Host sync: the headers decide whether this step goes on. When all is
-        # well the layout is regular and only the headers are copied to the host.
-        per_rank = K + 2 * x.shape[0] + x.size if problem == 0 and x is not None and x.ndim == 2 else -1
-        if per_rank > 0 and gathered.shape[0] == per_rank * self.world_size:
-            table = gathered.reshape((self.world_size, per_rank))
-            headers = table[:, :K].asnumpy().tolist()
-            # Rank 0's header is at 0; if each header declares this same length, the
-            # next one is where the regular layout puts it (by induction). Equal
-            # totals alone prove nothing: 53 + 43 + 33 == 3 * 43.
-            if any(K + h[-2] + h[-1] != per_rank for h in headers):   # label + embedding values
-                table, headers = None, []
-        if table is None:
-            host = gathered.asnumpy()
-            while offset < host.shape[0]:
-                header = host[offset:offset + K].tolist()
-                headers.append(header)
-                offset += K + int(header[-2]) + int(header[-1])
-        self._raise_if_bad(headers)
+    def _gather_batch(self, embeddings, labels) -> "tuple[nd.NDArray, nd.NDArray]":
+        """Collective 1: every rank's embeddings and labels, checked; raises on every rank if bad."""
+        x, y, problem = exchange.convert_inputs(embeddings, labels, self.num_classes, self.ctx)
+        gathered = comm.allgather(exchange.pack(x, y, problem, self.num_classes, self.ctx), name="pfc.batch")
+        headers, table = exchange.unpack(gathered, self.world_size, exchange.packed_length(x, problem))
+        exchange.raise_if_bad(headers, self.embedding_size, self.num_classes)
         if table is None:   # every header fine, yet the layout is not regular: a bug, not input
             raise RuntimeError(f"gathered batch of {gathered.shape[0]} values does not match the headers")
-        B, D = x.shape
-        labels_all = _join_hi_lo(table[:, K:K + 2 * B].reshape((-1, 2)))
-        x_all = table[:, K + 2 * B:].reshape((-1, D))
-        return x_all, labels_all
-
-    def _raise_if_bad(self, headers) -> None:
-        """The same PartialFCInputError on every rank if any rank's header shows a problem."""
-        problems = []
-        for r, header in enumerate(headers):
-            h = dict(zip(self._HEADER, header))
-            if h["problem"]:
-                problems.append(f"rank {r}: {self._CONVERSION_PROBLEMS[int(h['problem'])]}")
-                continue
-            b = h["rows"]
-            if b < 0:
-                problems.append(f"rank {r}: embeddings must be 2-D (batch, {self.embedding_size})")
-            elif h["width"] != self.embedding_size:
-                problems.append(f"rank {r}: embedding width {int(h['width'])} != embedding_size "
-                                f"{self.embedding_size}")
-            if h["label_ndim"] != 1 or h["labels"] != b:
-                problems.append(f"rank {r}: labels must be 1-D with one label per embedding row")
-            if b == 0:
-                problems.append(f"rank {r}: empty batch")
-            if h["bad_labels"] > 0:
-                smallest = int(h["min_hi"]) * _LABEL_SPLIT + int(h["min_lo"])
-                largest = int(h["max_hi"]) * _LABEL_SPLIT + int(h["max_lo"])
-                problems.append(f"rank {r}: {int(h['bad_labels'])} labels outside [0, {self.num_classes}) "
-                                f"(smallest {smallest}, largest {largest})")
-            if h["nonfinite"] > 0:
-                problems.append(f"rank {r}: {int(h['nonfinite'])} NaN/Inf values in the embeddings")
-        rows = [int(h[self._HEADER.index("rows")]) for h in headers]
-        if len({b for b in rows if b >= 0}) > 1:
-            problems.append("batch sizes differ across ranks: "
-                            + ", ".join(f"rank {r}={b}" for r, b in enumerate(rows)))
-        if problems:
-            raise PartialFCInputError("invalid PartialFC input: " + "; ".join(problems))
+        return exchange.batch_from_table(table, *x.shape)
 
     def forward_backward(self, local_embeddings, local_labels) -> "tuple[float, nd.NDArray]":
         """One step: loss over the global batch, its gradient for local_embeddings, SGD on centers.
@@ -380,14 +252,14 @@ class PartialFC:
         when any rank's inputs are invalid.
         """
         caller_ctx = local_embeddings.context if isinstance(local_embeddings, nd.NDArray) else mx.cpu()
-        x, labels, problem = self._convert_inputs(local_embeddings, local_labels)
+        bank = self.bank
         s = self.margin.s
-        n = self.num_local
+        n = bank.num_local
 
-        x_all, labels_all = self._gather_batch(x, labels, problem)     # collective 1
+        x_all, labels_all = self._gather_batch(local_embeddings, local_labels)     # collective 1
         N, B = x_all.shape[0], x_all.shape[0] // self.world_size
 
-        local = labels_all - self.class_start
+        local = labels_all - bank.class_start
         in_shard = (local >= 0) * (local < n)
         local_ids = nd.where(in_shard, local, _full_like(local, n)).astype("int32")
         index, target = self.sampler.sample(local_ids)
@@ -401,9 +273,9 @@ class PartialFC:
         xh = nd.broadcast_mul(x_all, inv_x)
         D, ws = self.embedding_size, self.workspace
         if self.sampler.full:
-            w, inv_w = self.weight, self.ops.inv_norm(self.weight)
+            w, inv_w = bank.weight, self.ops.inv_norm(bank.weight)
         else:
-            w, inv_w = self.ops.gather_inv_norm(self.weight, index, out=ws.get("centers", (S, D)))
+            w, inv_w = self.ops.gather_inv_norm(bank.weight, index, out=ws.get("centers", (S, D)))
         scos = nd.dot(xh, w, transpose_b=True, out=ws.get("logits", (N, S)))
         # Scaled in place; lse_others: per row, log sum exp over the non-target columns.
         scos, lse_others = self.ops.scale_lse(scos, s * inv_w, target, mask)
@@ -438,8 +310,7 @@ class PartialFC:
             self._raise_nonfinite(loss_value, parts)
         # Memory bank: momentum SGD on the sampled rows only; b * inv_w scales the
         # radial term of the normalisation (grad_w_j - coef_j * w_j).
-        self.ops.sgd_rows(self.weight, self.weight_mom, grad_w, b * inv_w, w, index,
-                          self.lr, self.momentum, self.wd)
+        bank.update_rows(index, grad_w, b * inv_w, w)
         mine = slice(self.rank * B, (self.rank + 1) * B)
         gxh, xh_mine = grad_xh[mine], xh[mine]
         grad_x = nd.broadcast_mul(

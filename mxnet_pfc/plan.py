@@ -25,7 +25,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from .partial_fc import expected_draws, shard_range
+from .memory_bank import shard_range
+from .partial_fc import expected_draws, max_sampled_centers
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2}
@@ -68,7 +69,7 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
     num_local = shard_range(classes, 0, world)[1]       # rank 0 holds the most
     n = batch * world
     full = rate >= 1.0
-    num_sample = num_local if full else min(num_local, max(int(rate * num_local), n))
+    num_sample = max_sampled_centers(num_local, rate, n)
     bank = num_local * embedding * DTYPE_BYTES[dtype]
     if full:
         draws, table = 0, num_local * 4          # an arange of every local class

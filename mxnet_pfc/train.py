@@ -2,13 +2,19 @@
 
 One process per device; launch several with `horovodrun ... bash config.sh` or
 `bash run.sh`. Without a launcher it trains alone (world size 1).
+
+A run, top to bottom (`train`): take the output folder (run_lock.py); set up
+on every rank without collectives and agree that it worked (`prepare`); build
+the head and the module (their constructors run collectives); restore a
+checkpoint (resume.py); then `Trainer.run`: the steps, with progress logs
+(metrics.py), verification and checkpoints (checkpoint.py), and at the end
+the model for inference (export.py) and the final checkpoint. The run's
+length and learning rate are planned in run_plan.py and lr_schedule.py; how a
+failure on one rank reaches the others is in comm.py and stops.py.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import math
 import os
 import sys
 import time
@@ -20,275 +26,78 @@ from tqdm import tqdm
 
 import symbols
 
-from . import checkpoint, comm, config as config_lib, run_lock, seeding, stops
-from .checkpoint import CheckpointError
+from . import checkpoint, comm, logs, run_lock, seeding, stops
+from . import config as config_lib
+from . import resume as resume_lib
 from .data import synthetic
-from .data.iterators import DummyIter, RecordIter, count_classes
-from .data.records import DataError
-from .eval.verification import BinFormatError, Verifier
+from .data.iterators import DummyIter, RecordIter
+from .errors import PfcError
+from .eval.verification import Verifier
 from .export import export_model
-from .files import atomic_path, write_json
-from .inference import ModelError, inference_symbol, load_model
+from .files import write_json
+from .inference import float32_params, inference_symbol
+from .lr_schedule import LRSchedule
 from .margin import CombinedMarginLoss
-from .module import LRSchedule, PartialFCModule
+from .metrics import MetricsLog, Throughput, format_duration
+from .module import PartialFCModule
 from .partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
+from .run_plan import RunPlan, make_plan, resolve_config
 
-log = logging.getLogger("mxnet_pfc")
-
-
-def setup_logging(output: str, rank: int) -> str:
-    """A log file per rank (OUTPUT/logs/rankR.log); rank 0 also prints to stdout."""
-    os.makedirs(os.path.join(output, "logs"), exist_ok=True)
-    path = os.path.join(output, "logs", f"rank{rank}.log")
-    formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%H:%M:%S")
-    handlers = [logging.FileHandler(path)]
-    if rank == 0:
-        handlers.append(logging.StreamHandler(sys.stdout))
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    return path
+log = logging.getLogger(logs.ROOT_LOGGER)
 
 
 def choose_context(kind: str) -> mx.Context:
     """GPU local_rank when there are GPUs (or when asked), else the CPU."""
     gpus = mx.context.num_gpus()
     if kind == "gpu" and gpus == 0:
-        raise RuntimeError("context = gpu, but MXNet sees no GPU")
+        raise config_lib.ConfigError("context = gpu, but MXNet sees no GPU")
     if kind == "cpu" or gpus == 0:
         return mx.cpu()
     return mx.gpu(comm.local_rank() % gpus)
 
 
-def ensure_synthetic_set(cfg: config_lib.Config, wait_seconds: float = 1800) -> None:
-    """Generate the synthetic set once per host (local rank 0); the other local ranks wait for it.
-
-    The wait is on files, not a collective (no stall warnings). A failed
-    generation leaves FAILED with its reason, so the waiting ranks stop at once.
-    """
-    folder = os.path.dirname(cfg.rec) or "."
-    failed = os.path.join(folder, "FAILED")
-    wanted = (folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs)
-    if synthetic.is_complete(*wanted):
-        return
-    synthetic.check_claimable(folder)       # every rank: never generate over a set the tool did not write
-    if comm.local_rank() == 0:
-        log.info(f"generating the synthetic set in {folder} ({cfg.synthetic_identities} identities x "
-                 f"{cfg.synthetic_images_per_identity} images, held-out val.bin); done once")
-        started = time.time()
-        synthetic.claim_folder(folder)
-        if os.path.exists(failed):
-            os.remove(failed)
-        try:
-            synthetic.generate(folder, cfg.synthetic_identities, cfg.synthetic_images_per_identity,
-                               val_identities=max(2, cfg.synthetic_val_pairs // 4), val_pairs=cfg.synthetic_val_pairs)
-        except Exception as error:
-            with open(failed, "w") as f:
-                f.write(f"{type(error).__name__}: {error}\n")
-            raise
-        log.info(f"synthetic set written in {time.time() - started:.0f} s")
-        return
-    deadline = time.time() + wait_seconds
-    while not synthetic.is_complete(*wanted):
-        if os.path.exists(failed):
-            raise DataError(f"{folder}: generating the synthetic set failed on local rank 0: {open(failed).read().strip()}")
-        if time.time() > deadline:
-            raise DataError(f"{folder}: the synthetic set did not appear within {wait_seconds:.0f} s")
-        time.sleep(1)
-
-
-class MetricsLog:
-    """Rank 0's figures: JSON lines in OUTPUT/metrics.jsonl and TensorBoard events (mxboard).
-
-    One record per step: a run resumed at step S first drops the records of
-    steps after S (the lost run's, which it recomputes) from metrics.jsonl, and
-    writes TensorBoard's restart marker (a SessionLog START event at step S + 1),
-    on which TensorBoard discards the earlier events of steps S + 1 and later.
-    """
-
-    def __init__(self, output: str, tensorboard: bool, start_step: int = 0, saved_step: "int | None" = None):
-        """start_step: the first step this run trains is start_step + 1; saved_step: the checkpoint's
-        step in its own run's numbering (they differ when resuming on another global batch)."""
-        self.path = os.path.join(output, "metrics.jsonl")
-        self._keep_until(start_step if saved_step is None else saved_step)
-        self._file = open(self.path, "a")
-        self._board = None
-        if tensorboard:
-            try:
-                from mxboard import SummaryWriter
-                from mxboard.proto.event_pb2 import Event, SessionLog
-                self._board = SummaryWriter(logdir=os.path.join(output, "tensorboard"))
-                self._board._file_writer.add_event(Event(wall_time=time.time(), step=start_step + 1,
-                                                         session_log=SessionLog(status=SessionLog.START)))
-            except Exception as error:     # mxboard is optional for training
-                log.warning(f"TensorBoard logging off: {error}")
-
-    def _keep_until(self, step: int) -> None:
-        """Rewrite metrics.jsonl without the records of steps after `step` (and half-written lines)."""
-        if not os.path.exists(self.path):
-            return
-        kept = []
-        for line in open(self.path):
-            try:
-                if json.loads(line)["step"] <= step:
-                    kept.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError, TypeError):
-                continue
-        with atomic_path(self.path) as tmp:
-            with open(tmp, "w") as f:
-                f.writelines(kept)
-
-    def write(self, step: int, **values) -> None:
-        self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), **values}) + "\n")
-        self._file.flush()
-        if self._board is not None:
-            for name, value in values.items():
-                if isinstance(value, (int, float)):
-                    self._board.add_scalar(name, value, global_step=step)
-
-    def close(self) -> None:
-        self._file.close()
-        if self._board is not None:
-            self._board.close()
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 @dataclass(frozen=True)
-class RunPlan:
-    """What this run will do, fixed at start-up from the configuration, the data and the world size."""
-    num_images: int
-    global_batch: int
-    steps_per_epoch: int
-    max_update: int            # the step the run ends at
-    lr: float                  # peak learning rate for the global batch
-    context: str
-    length_note: str = ""      # how max_update was carried over from a checkpoint, if it was
+class Setup:
+    """What a rank prepares on its own before any collective: data, device, network, plan."""
+    cfg: config_lib.Config          # completed from the data (num_classes)
+    ctx: mx.Context
+    data: "RecordIter | DummyIter"
+    symbol: mx.sym.Symbol
+    verifier: "Verifier | None"     # rank 0's, when there are verification sets
+    plan: RunPlan
+    schedule: LRSchedule
+    resume: "resume_lib.Resume | None"
 
 
-def resolve_config(cfg: config_lib.Config, world: int) -> config_lib.Config:
-    """The configuration completed from the data (num_classes) and checked against the world size."""
-    if cfg.rec and cfg.num_classes == 0:
-        cfg = dataclasses.replace(cfg, num_classes=count_classes(cfg.rec))
-        log.info(f"num_classes = {cfg.num_classes}, read from the set {cfg.rec}")
-    if cfg.num_classes < world:
-        raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} is below the number of ranks ({world}): "
-                                     f"every rank must own at least one class; use at most {cfg.num_classes} ranks")
-    return cfg
-
-
-def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int, saved: "dict | None"):
-    """(max_update, note): the step the run ends at.
-
-    A run resumed on another global batch (another number of ranks) with the
-    same --max_update keeps its length in samples, as its position is kept:
-    the checkpoint's end step x its global batch / this global batch, rounded
-    up. A --max_update that differs from the checkpoint's counts steps of this
-    run's global batch. Without --max_update the length is num_epoch epochs.
-    """
-    if not cfg.max_update:
-        return max(1, math.ceil(cfg.num_epoch * steps_per_epoch)), ""
-    if saved is None or saved["global_batch"] == global_batch or saved["config"].get("max_update") != cfg.max_update:
-        return cfg.max_update, ""
-    samples = saved["max_update"] * saved["global_batch"]
-    max_update = math.ceil(samples / global_batch)
-    return max_update, (f"--max_update {cfg.max_update} kept in samples: the checkpoint's run ends after "
-                        f"{saved['max_update']} steps of {saved['global_batch']} = {samples} samples, "
-                        f"{max_update} steps of {global_batch} here")
-
-
-def build_local(cfg: config_lib.Config, rank: int, world: int):
-    """What this rank sets up without collectives: data, context, schedule, symbol, verifier.
-
-    Kept apart so that a failure here is agreed on before any collective starts.
-    """
+def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
+    """This rank's setup, without collectives, so that every rank can agree on its success first."""
+    cfg = resolve_config(cfg, world)
     if cfg.rec and cfg.synthetic_identities > 0:
-        ensure_synthetic_set(cfg)
+        synthetic.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
+                         cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs, comm.local_rank())
     ctx = choose_context(cfg.context)
     if cfg.fp16 and ctx.device_type != "gpu":
         raise config_lib.ConfigError("fp16 = True needs a GPU context (MXNet has no fast float16 convolutions on CPU)")
+    image_shape = (cfg.image_size, cfg.image_size)
     if cfg.rec:
         data = RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
-                          image_size=(cfg.image_size, cfg.image_size), threads=cfg.decode_threads)
+                          image_size=image_shape, threads=cfg.decode_threads)
         num_images = data.num_images
     else:
         num_images = cfg.num_images
-        data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, (cfg.image_size, cfg.image_size),
+        data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, image_shape,
                          steps_per_epoch=max(1, num_images // (cfg.batch_size * world)))
-    global_batch = cfg.batch_size * world
-    steps_per_epoch = data.steps_per_epoch
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
-    resume = read_resume(cfg, rank, world, symbol, steps_per_epoch, global_batch) if cfg.resume else None
-    max_update, note = run_length(cfg, steps_per_epoch, global_batch, resume["state"] if resume else None)
-    if resume is not None and resume["step"] >= max_update:
-        raise config_lib.ConfigError(
-            f"nothing to train: checkpoint {resume['path']} is at step {resume['step']} (global batch "
-            f"{global_batch}), and this run ends at step {max_update}"
-            f"{' (' + note + ')' if note else ''}. To train longer, raise --max_update (or --num_epoch)")
-    lr = cfg.lr * global_batch / cfg.lr_base_batch
-    schedule = LRSchedule(lr, max_update, cfg.lr_schedule, [round(e * steps_per_epoch) for e in cfg.decay_epochs],
-                          cfg.lr_factor, round(cfg.warmup_epochs * steps_per_epoch), cfg.poly_power)
+    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, cfg.batch_size * world)
+              if cfg.resume else None)
+    plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
+    schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
     verifier = None
     if rank == 0 and cfg.val_targets:
         eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
         verifier = Verifier(cfg.val_targets, eval_symbol, ctx, cfg.val_batch_size, cfg.image_size)
-    plan = RunPlan(num_images, global_batch, steps_per_epoch, max_update, lr, str(ctx), note)
-    data.seek(resume["step"] if resume else 0)
-    return ctx, data, schedule, symbol, verifier, plan, resume
-
-
-def read_resume(cfg: config_lib.Config, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int,
-                global_batch: int) -> dict:
-    """The checkpoint to resume from, checked against this run, with this rank's backbone parameters."""
-    path = checkpoint.locate(os.path.join(cfg.output, "checkpoints"), cfg.resume)
-    state = checkpoint.read_state(path)
-    checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network)
-    arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(cfg.batch_size, 3, cfg.image_size, cfg.image_size))
-    checkpoint.check_params(arg_params, {n: s for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"},
-                            path, cfg.network)
-    checkpoint.check_params(aux_params, dict(zip(symbol.list_auxiliary_states(), aux_shapes)), path, cfg.network)
-    step, epoch = checkpoint.resume_position(state, steps_per_epoch, global_batch)
-    return dict(path=path, state=state, arg_params=arg_params, aux_params=aux_params, step=step, epoch=epoch)
-
-
-def restore(resume: dict, module: PartialFCModule, head: PartialFC) -> None:
-    """Backbone, its optimizer state and this rank's centers and momentum, from the checkpoint."""
-    path = resume["path"]
-    module.set_params(resume["arg_params"], resume["aux_params"])
-    try:
-        module.load_optimizer_states(os.path.join(path, "optimizer.states"))
-    except Exception as error:       # a pickle of NDArrays: anything can go wrong in a damaged file
-        raise CheckpointError(f"{path}/optimizer.states: {error}") from None
-    checkpoint.load_centers(path, resume["state"], head)
-
-
-def claim_output(output: str, rank: int):
-    """Rank 0's hold on the output folder (None on other ranks), agreed on by every rank.
-
-    Runs before any rank writes into the folder (its logs included): a second
-    run into a folder in use is refused here, on every rank, having written nothing.
-    """
-    lock, error = None, None
-    if rank == 0:
-        try:
-            lock = run_lock.acquire(output)
-            os.makedirs(os.path.join(output, "logs"), exist_ok=True)
-            stops.clear_records(os.path.join(output, "logs"))
-        except Exception as caught:
-            error = caught
-    try:
-        comm.raise_if_any_failed(error, "starting the run")
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    return lock
+    data.seek(resume.step if resume else 0)
+    return Setup(cfg, ctx, data, symbol, verifier, plan, schedule, resume)
 
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
@@ -301,158 +110,192 @@ def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSched
     return head, module
 
 
+def claim_output(output: str, rank: int):
+    """Rank 0's hold on the output folder (None on other ranks), agreed on by every rank.
+
+    Runs before any rank writes into the folder (its logs included): a second
+    run into a folder in use is refused here, on every rank, having written nothing.
+    """
+    lock = None
+    try:
+        with comm.fail_together("starting the run"):
+            if rank == 0:
+                lock = run_lock.acquire(output)
+                os.makedirs(os.path.join(output, "logs"), exist_ok=True)
+                stops.clear_records(os.path.join(output, "logs"))
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
+
+
 def train(cfg: config_lib.Config) -> dict:
     """Run the configured training on this rank; returns rank 0's final figures (others: {})."""
     comm.init()
     rank, world = comm.rank(), comm.size()
     lock = claim_output(cfg.output, rank)
     try:
-        return _train(cfg, rank, world, lock)
+        log_path = logs.setup(cfg.output, rank)
+        stops.start(os.path.join(cfg.output, "logs"))
+        if rank == 0 and lock.took_over:
+            log.info(f"took over the output folder from a run that is gone ({lock.took_over})")
+        with comm.fail_together("setup"):
+            setup = prepare(cfg, rank, world)
+        cfg, plan, resume = setup.cfg, setup.plan, setup.resume
+        if rank == 0:
+            config_lib.save(cfg, os.path.join(cfg.output, "config.json"))
+            log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {cfg.output}/config.json):\n"
+                     + config_lib.describe(cfg))
+        start_step = resume.step if resume is not None else 0
+        seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
+        head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol)
+        log.info(f"{head}; log file {log_path}")
+        if resume is not None:
+            with comm.fail_together("resuming"):
+                resume_lib.restore(resume, module, head.bank)
+            log.info(resume_lib.describe(resume, world))
+            if plan.length_note:
+                log.info(plan.length_note)
+        seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
+        if rank == 0:
+            log.info(plan.describe(cfg.batch_size, world, cfg.lr_schedule))
+        return Trainer(setup, head, module, rank, world).run(start_step)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train(cfg: config_lib.Config, rank: int, world: int, lock) -> dict:
-    log_path = setup_logging(cfg.output, rank)
-    stops.start(os.path.join(cfg.output, "logs"))
-    if rank == 0 and lock.took_over:
-        log.info(f"took over the output folder from a run that is gone ({lock.took_over})")
-    error = None
-    try:
-        cfg = resolve_config(cfg, world)
-        ctx, data, schedule, symbol, verifier, plan, resume = build_local(cfg, rank, world)
-    except Exception as caught:         # every rank learns that setup failed somewhere
-        log.error(f"setup failed: {caught}")
-        error = caught
-    comm.raise_if_any_failed(error, "setup")
-    if rank == 0:
-        config_lib.save(cfg, os.path.join(cfg.output, "config.json"))
-        log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {cfg.output}/config.json):\n"
-                 + config_lib.describe(cfg))
-    start_step = resume["step"] if resume is not None else 0
-    seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
-    head, module = build_distributed(cfg, ctx, schedule, symbol)
-    log.info(f"{head}; log file {log_path}")
-    best = {}
-    if resume is not None:
+class Trainer:
+    """One rank's run once everything is built: the loop, verification, checkpoints, the end."""
+
+    def __init__(self, setup: Setup, head: PartialFC, module: PartialFCModule, rank: int, world: int):
+        self.setup, self.cfg, self.plan = setup, setup.cfg, setup.plan
+        self.head, self.module, self.rank, self.world = head, module, rank, world
+        self.best = dict(setup.resume.state.get("best", {})) if setup.resume else {}
+        self.metrics = None
+
+    def run(self, start_step: int) -> dict:
+        """Train from start_step to the plan's end; returns rank 0's final figures (others: {})."""
+        cfg, plan, data, schedule = self.cfg, self.plan, self.setup.data, self.setup.schedule
+        resume = self.setup.resume
+        if self.rank == 0:
+            self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step, resume.state["step"] if resume else None)
+        progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
+                        mininterval=5, file=sys.stderr, dynamic_ncols=True)
+        window = Throughput(cfg.batch_size, self.world)
+        loss, started, step = float("nan"), time.time(), start_step
         try:
-            restore(resume, module, head)
-        except Exception as caught:
-            log.error(f"resuming failed: {caught}")
-            error = caught
-        comm.raise_if_any_failed(error, "resuming")
-        best = resume["state"].get("best", {})
-        saved = resume["state"]
-        moved = "" if saved["world_size"] == world and saved["step"] == start_step else (
-            f" (saved on {saved['world_size']} ranks at step {saved['step']}, global batch {saved['global_batch']}: "
-            f"centers re-sharded, position kept in samples seen)")
-        log.info(f"resuming from {resume['path']} at step {start_step}, epoch {resume['epoch']}{moved}")
-        if plan.length_note:
-            log.info(plan.length_note)
-    seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
-    checkpoints = os.path.join(cfg.output, "checkpoints")
+            if cfg.val_at_start and start_step == 0:
+                self.verify(0)
+            for step in range(start_step, plan.max_update):
+                fetch_started = time.time()
+                batch = next(data)            # waits only when decoding falls behind
+                window.waited_for_data(time.time() - fetch_started)
+                lr = schedule(step)
+                try:
+                    loss = self.module.step(batch.data, batch.labels, lr)
+                except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
+                    raise type(error)(f"step {step + 1}: {error}") from None
+                window.step_done()
+                progress.update(1)
+                done = step + 1
+                if done % cfg.frequent == 0 or done == plan.max_update:
+                    self.log_progress(done, batch.epoch, loss, lr, window.close_window(plan.max_update - done))
+                paused = time.time()
+                if done % cfg.verbose == 0 and done != plan.max_update:
+                    self.verify(done)
+                if cfg.save_interval and done % cfg.save_interval == 0 and done != plan.max_update:
+                    self.save_checkpoint(done)
+                    seeding.seed_generators(cfg.seed, self.rank, done)    # what a run resumed from here will do
+                window.exclude(time.time() - paused)     # throughput leaves out evaluation and saving
+            progress.close()
+            return self.finish(loss, started)
+        except Exception as error:
+            if comm.lost_peer(error):
+                raise comm.LostRankError(f"step {step + 1}: {comm.lost_peer_message()}") from None
+            raise
+        finally:
+            data.close()
+            if self.metrics is not None:
+                self.metrics.close()
 
-    def save_checkpoint(step: int) -> str:
-        state = dict(network=cfg.network, epoch=step // plan.steps_per_epoch,
-                     steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
-                     max_update=plan.max_update, next_lr=schedule(step), seed=cfg.seed, best=best,
-                     data=dict(epoch=step // plan.steps_per_epoch, step_in_epoch=step % plan.steps_per_epoch),
-                     config=cfg.to_dict())
-        return checkpoint.save(checkpoints, step, module=module, head=head, symbol=symbol, state=state,
-                               keep=cfg.keep_checkpoints)
-    if rank == 0:
-        log.info(f"{plan.num_images} images, global batch {plan.global_batch} = {cfg.batch_size} x {world} "
-                 f"ranks, {plan.steps_per_epoch} steps/epoch, {plan.max_update} steps, "
-                 f"peak lr {plan.lr:.4g} ({cfg.lr_schedule}), context {plan.context}")
-    metrics = (MetricsLog(cfg.output, cfg.tensorboard, start_step, resume["state"]["step"] if resume else None)
-               if rank == 0 else None)
-    progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=rank != 0,
-                    mininterval=5, file=sys.stderr, dynamic_ncols=True)
-    loss, started = float("nan"), time.time()
-    window_start, window_steps, window_wait = time.time(), 0, 0.0
+    def log_progress(self, done: int, epoch: int, loss: float, lr: float, figures: dict) -> None:
+        """Rank 0: the progress line and its metrics record."""
+        if self.rank != 0:
+            return
+        per_rank, total = figures["samples_per_sec_per_rank"], figures["samples_per_sec"]
+        log.info(f"step {done}/{self.plan.max_update} epoch {epoch} loss {loss:.4f} lr {lr:.5f} | "
+                 f"{per_rank:.1f} samples/s per rank, {total:.1f} total | "
+                 f"data wait {figures['data_wait_fraction']:.0%} | eta {format_duration(figures['eta_seconds'])}")
+        self.metrics.write(done, epoch=epoch, loss=loss, lr=lr, samples_per_sec_per_rank=per_rank,
+                           samples_per_sec=total, data_wait_fraction=figures["data_wait_fraction"])
 
-    def verify(step: int, params=None) -> dict:
+    def verify(self, step: int, params=None) -> dict:
         """Rank 0: the verification report of `params` (default: rank 0's current backbone)."""
+        verifier = self.setup.verifier
         if verifier is None:
             return {}
         began = time.time()
-        found = verifier.evaluate(*(params or module.get_params()))
+        found = verifier.evaluate(*(params or self.module.get_params()))
         for name, result in found.items():
-            if result.accuracy > best.get(name, {}).get("accuracy", -1.0):
-                best[name] = dict(accuracy=result.accuracy, step=step)
-            log.info(f"step {step}: verification {name}: accuracy {result}; best {best[name]['accuracy']:.4f} "
-                     f"at step {best[name]['step']} ({time.time() - began:.1f} s)")
-            metrics.write(step, **{f"val/{name}/{key}": value for key, value in result.as_dict().items()},
-                          **{f"val/{name}/best_accuracy": best[name]["accuracy"]})
+            if result.accuracy > self.best.get(name, {}).get("accuracy", -1.0):
+                self.best[name] = dict(accuracy=result.accuracy, step=step)
+            best = self.best[name]
+            log.info(f"step {step}: verification {name}: accuracy {result}; best {best['accuracy']:.4f} "
+                     f"at step {best['step']} ({time.time() - began:.1f} s)")
+            self.metrics.write(step, **{f"val/{name}/{key}": value for key, value in result.as_dict().items()},
+                               **{f"val/{name}/best_accuracy": best["accuracy"]})
         return {name: result.as_dict() for name, result in found.items()}
 
-    step = start_step
-    try:
-        if cfg.val_at_start and start_step == 0:
-            verify(0)
-        for step in range(start_step, plan.max_update):
-            fetch_started = time.time()
-            batch = next(data)            # waits only when decoding falls behind
-            window_wait += time.time() - fetch_started
-            lr = schedule(step)
-            try:
-                loss = module.step(batch.data, batch.labels, lr)
-            except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
-                raise type(error)(f"step {step + 1}: {error}") from None
-            window_steps += 1
-            progress.update(1)
-            done = step + 1
-            if done % cfg.frequent == 0 or done == plan.max_update:
-                elapsed = time.time() - window_start
-                per_rank = window_steps * cfg.batch_size / max(elapsed, 1e-9)
-                eta = (plan.max_update - done) * elapsed / window_steps
-                data_wait = window_wait / max(elapsed, 1e-9)
-                if rank == 0:
-                    log.info(f"step {done}/{plan.max_update} epoch {batch.epoch} loss {loss:.4f} lr {lr:.5f} | "
-                             f"{per_rank:.1f} samples/s per rank, {per_rank * world:.1f} total | "
-                             f"data wait {data_wait:.0%} | eta {format_duration(eta)}")
-                    metrics.write(done, epoch=batch.epoch, loss=loss, lr=lr, samples_per_sec_per_rank=per_rank,
-                                  samples_per_sec=per_rank * world, data_wait_fraction=data_wait)
-                window_start, window_steps, window_wait = time.time(), 0, 0.0
-            paused = time.time()
-            if done % cfg.verbose == 0 and done != plan.max_update:
-                verify(done)
-            if cfg.save_interval and done % cfg.save_interval == 0 and done != plan.max_update:
-                save_checkpoint(done)
-                seeding.seed_generators(cfg.seed, rank, done)    # what a run resumed from here will do
-            window_start += time.time() - paused     # throughput excludes evaluation and saving
-        progress.close()
+    def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
+        """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""
+        cfg, plan = self.cfg, self.plan
+        state = dict(network=cfg.network, epoch=step // plan.steps_per_epoch,
+                     steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
+                     max_update=plan.max_update, next_lr=self.setup.schedule(step), seed=cfg.seed, best=self.best,
+                     data=dict(epoch=step // plan.steps_per_epoch, step_in_epoch=step % plan.steps_per_epoch),
+                     config=cfg.to_dict())
+        return checkpoint.save(os.path.join(cfg.output, "checkpoints"), step, module=self.module,
+                               bank=self.head.bank, symbol=self.setup.symbol, state=state,
+                               keep=cfg.keep_checkpoints, backbone=backbone)
+
+    def export(self, backbone: checkpoint.BackboneSnapshot) -> "tuple[str, dict]":
+        """Rank 0: the model for inference (embedding only, rank-averaged parameters) and its verification.
+
+        The final verification measures exactly the exported file's parameters,
+        so its figures and thresholds describe that file.
+        """
+        cfg = self.cfg
+        prefix = os.path.join(cfg.output, "model")
+        symbol = inference_symbol(cfg.network, cfg.embedding_size)
+        params = float32_params(symbol, backbone.average_arg, backbone.average_aux, "the rank-averaged backbone")
+        export_model(prefix, symbol, *params)
+        results = self.verify(self.plan.max_update, params)
+        write_json(prefix + "-verification.json", results)
+        return prefix, results
+
+    def finish(self, loss: float, started: float) -> dict:
+        """The model for inference and its verification, then the final checkpoint (holding the final best)."""
+        backbone = checkpoint.take_snapshot(self.module)       # collective
+        prefix, results = None, {}
+        with comm.fail_together("exporting the model"):
+            if self.rank == 0:
+                prefix, results = self.export(backbone)
+        last = self.save_checkpoint(self.plan.max_update, backbone)   # prepare() refused a run with nothing to train
         summary = {}
-        last = save_checkpoint(plan.max_update)       # build_local refused a run with nothing to train
-        if rank == 0:
-            # The model for inference (embedding only, rank-averaged parameters) is what the
-            # final verification measures, so its figures and thresholds describe that file.
-            prefix = os.path.join(cfg.output, "model")
-            exported = load_model(last)
-            export_model(prefix, *exported[:3])
-            results = verify(plan.max_update, exported[1:3])
-            write_json(prefix + "-verification.json", results)
-            state = checkpoint.read_state(last)
-            write_json(os.path.join(last, "state.json"), {**state, "best": best})
-            summary = dict(steps=plan.max_update, final_loss=loss, seconds=round(time.time() - started, 1),
-                           verification=results, best=best)
-            metrics.write(plan.max_update, summary=summary)
+        if self.rank == 0:
+            steps = self.plan.max_update
+            summary = dict(steps=steps, final_loss=loss, seconds=round(time.time() - started, 1),
+                           verification=results, best=self.best)
+            self.metrics.write(steps, summary=summary)
             accuracies = ", ".join(f"{name} {r['accuracy']:.4f}" for name, r in results.items()) or "no sets"
-            log.info(f"done: {plan.max_update} steps in {format_duration(time.time() - started)}, "
+            log.info(f"done: {steps} steps in {format_duration(time.time() - started)}, "
                      f"final loss {loss:.4f}, verification of the exported model: {accuracies}; checkpoint {last}; "
                      f"model for inference: {prefix}-symbol.json + {prefix}-0000.params")
         mx.nd.waitall()
-        comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 evaluates and saves
+        comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 writes
         return summary
-    except Exception as error:
-        if comm.lost_peer(error):
-            raise comm.LostRankError(f"step {step + 1}: {comm.lost_peer_message()}") from None
-        raise
-    finally:
-        data.close()
-        if metrics is not None:
-            metrics.close()
 
 
 def main(argv=None) -> int:
@@ -465,9 +308,15 @@ def main(argv=None) -> int:
     try:
         train(cfg)
         comm.shutdown()
-    except (DataError, BinFormatError, PartialFCInputError, config_lib.ConfigError, FloatingPointError,
-            CheckpointError, ModelError, RuntimeError, OSError) as error:
+    except Exception as error:
         lost = isinstance(error, comm.LostRankError) or comm.lost_peer(error)
+        expected = lost or isinstance(error, (PfcError, OSError, MemoryError, mx.base.MXNetError))
+        if not expected:            # a defect of ours: the traceback, and every rank told which rank
+            stops.record_failure(f"{type(error).__name__}: {error} (an unexpected error: see rank {comm.rank()}'s log)")
+            log.exception(f"stopping on an unexpected error: {type(error).__name__}: {error}")
+            if not log.handlers:
+                traceback.print_exc()
+            comm.abort(1)
         if lost:
             contact = str(error) if isinstance(error, comm.LostRankError) else comm.lost_peer_message()
             cause = stops.other_rank_cause()
@@ -483,12 +332,6 @@ def main(argv=None) -> int:
             # ("Horovod has been shut down") once another rank has stopped
             comm.abort(1)
         return 1
-    except Exception as error:          # a defect of ours: the traceback, and every rank told which rank
-        stops.record_failure(f"{type(error).__name__}: {error} (an unexpected error: see rank {comm.rank()}'s log)")
-        log.exception(f"stopping on an unexpected error: {type(error).__name__}: {error}")
-        if not log.handlers:
-            traceback.print_exc()
-        comm.abort(1)
     return 0
 
 

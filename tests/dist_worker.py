@@ -30,10 +30,10 @@ def golden(input_path, out_dir):
         w_all, mom_all = data[f"{name}/weight"], data[f"{name}/mom"]
         pfc = PartialFC(CombinedMarginLoss(s, m1, m2, m3), embedding_size=w_all.shape[1],
                         num_classes=w_all.shape[0], sample_rate=rate, lr=float(lrs[0]), seed=7)
-        part = slice(pfc.class_start, pfc.class_start + pfc.num_local)
-        pfc.weight[:] = w_all[part]
-        pfc.weight_mom[:] = mom_all[part]
-        results[f"{name}/class_start"] = pfc.class_start
+        part = slice(pfc.bank.class_start, pfc.bank.class_start + pfc.bank.num_local)
+        pfc.bank.weight[:] = w_all[part]
+        pfc.bank.weight_mom[:] = mom_all[part]
+        results[f"{name}/class_start"] = pfc.bank.class_start
         results[f"{name}/ops"] = pfc.ops.name
         results[f"{name}/num_sample"] = pfc.num_sample
         for step, lr in enumerate(lrs):
@@ -46,8 +46,8 @@ def golden(input_path, out_dir):
             results[key + "/loss"] = loss
             results[key + "/grad"] = grad.asnumpy()
             results[key + "/index"] = pfc.sampled_index.asnumpy()
-            results[key + "/weight"] = pfc.weight.asnumpy()
-            results[key + "/mom"] = pfc.weight_mom.asnumpy()
+            results[key + "/weight"] = pfc.bank.weight.asnumpy()
+            results[key + "/mom"] = pfc.bank.weight_mom.asnumpy()
     np.savez(f"{out_dir}/rank{rank}.npz", **results)
 
 
@@ -113,17 +113,17 @@ def nan_center(out_dir, value):
     rank, world = comm.rank(), comm.size()
     pfc = PartialFC(CombinedMarginLoss(), embedding_size=8, num_classes=50, sample_rate=1.0)
     if rank == world - 1:
-        pfc.weight[0] = float(value)
-    pfc.weight_mom[:] = 0.01
-    before = pfc.weight.asnumpy(), pfc.weight_mom.asnumpy()
+        pfc.bank.weight[0] = float(value)
+    pfc.bank.weight_mom[:] = 0.01
+    before = pfc.bank.weight.asnumpy(), pfc.bank.weight_mom.asnumpy()
     rng = np.random.default_rng(rank)
     report = {"error": None}
     try:
         pfc.forward_backward(mx.nd.array(rng.normal(size=(4, 8))), rng.integers(0, 50, 4))
     except NonFiniteLossError as err:
         report["error"] = str(err)
-    report["unchanged"] = bool(np.array_equal(pfc.weight.asnumpy(), before[0], equal_nan=True)
-                               and np.array_equal(pfc.weight_mom.asnumpy(), before[1]))
+    report["unchanged"] = bool(np.array_equal(pfc.bank.weight.asnumpy(), before[0], equal_nan=True)
+                               and np.array_equal(pfc.bank.weight_mom.asnumpy(), before[1]))
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(report, f)
 

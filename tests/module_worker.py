@@ -27,8 +27,8 @@ def main(input_path, out_dir):
     s, m1, m2, m3 = data["margin"]
     head = PartialFC(CombinedMarginLoss(s, m1, m2, m3), fc_weight.shape[0], centers.shape[0],
                      sample_rate=float(data["rate"]), momentum=float(data["momentum"]), wd=float(data["wd"]), seed=3)
-    part = slice(head.class_start, head.class_start + head.num_local)
-    head.weight[:] = centers[part]
+    part = slice(head.bank.class_start, head.bank.class_start + head.bank.num_local)
+    head.bank.weight[:] = centers[part]
     B = data["x0"].shape[0] // world
     module = PartialFCModule(symbol, head, B, mx.cpu(), momentum=float(data["momentum"]),
                              weight_decay=float(data["wd"]), image_size=size)
@@ -45,7 +45,7 @@ def main(input_path, out_dir):
         losses.append(module.step(mx.nd.array(x[rank * B:(rank + 1) * B]), y[rank * B:(rank + 1) * B], float(lr)))
     arg, _ = module.get_params()
     np.savez(f"{out_dir}/rank{rank}.npz", losses=np.array(losses), fc_weight=arg["fc_weight"].asnumpy(),
-             fc_bias=arg["fc_bias"].asnumpy(), centers=head.weight.asnumpy(), class_start=head.class_start)
+             fc_bias=arg["fc_bias"].asnumpy(), centers=head.bank.weight.asnumpy(), class_start=head.bank.class_start)
     comm.barrier()
     comm.shutdown()
 

@@ -18,9 +18,9 @@ def main(folder: str, out: str) -> None:
     state = checkpoint.read_state(folder)
     head = PartialFC(CombinedMarginLoss(32, 1, 0, 0.2), state["embedding_size"], state["num_classes"],
                      ctx=mx.cpu(), seed=1)
-    checkpoint.load_centers(folder, state, head)
-    np.save(os.path.join(out, f"centers-{comm.rank()}.npy"), head.weight.asnumpy())
-    np.save(os.path.join(out, f"momentum-{comm.rank()}.npy"), head.weight_mom.asnumpy())
+    head.bank.load(folder, state["shards"])
+    np.save(os.path.join(out, f"centers-{comm.rank()}.npy"), head.bank.weight.asnumpy())
+    np.save(os.path.join(out, f"momentum-{comm.rank()}.npy"), head.bank.weight_mom.asnumpy())
     comm.barrier()
     comm.shutdown()
 

@@ -120,8 +120,8 @@ def test_float32_ndarray_labels_give_the_same_step_as_int64():
     results = []
     for labels in (mx.nd.array(y, dtype="float32"), y.astype(np.int64)):
         pfc = make_head()
-        pfc.weight[:] = np.ones((50, 8), dtype=np.float32) + np.arange(50, dtype=np.float32)[:, None] * 0.01
+        pfc.bank.weight[:] = np.ones((50, 8), dtype=np.float32) + np.arange(50, dtype=np.float32)[:, None] * 0.01
         loss, grad = pfc.forward_backward(mx.nd.array(x), labels)
-        results.append((loss, grad.asnumpy(), pfc.weight.asnumpy()))
+        results.append((loss, grad.asnumpy(), pfc.bank.weight.asnumpy()))
     assert results[0][0] == results[1][0]
     assert np.array_equal(results[0][1], results[1][1]) and np.array_equal(results[0][2], results[1][2])

@@ -15,8 +15,8 @@ import pytest
 
 from launch import REFERENCE_RUN as RUN, REPO, config_sh, final_summary, losses, run_command, run_ranks, \
     tiny_synthetic_run
-from mxnet_pfc import checkpoint, files
-from mxnet_pfc.partial_fc import shard_range
+from mxnet_pfc import checkpoint, files, memory_bank
+from mxnet_pfc.memory_bank import shard_range
 
 def test_checkpoints_are_written_and_pruned(reference):
     _, run = reference
@@ -111,7 +111,7 @@ def test_shard_overlaps_cover_every_class_once(classes, old_world, new_world):
     for rank in range(new_world):
         start, count = shard_range(classes, rank, new_world)
         rows = np.full(count, -1)
-        for old_rank, old_row, new_row, n in checkpoint.shard_overlaps(shards, start, count):
+        for old_rank, old_row, new_row, n in memory_bank.shard_overlaps(shards, start, count):
             rows[new_row:new_row + n] = old[shards[old_rank][0] + old_row:shards[old_rank][0] + old_row + n]
         assert np.array_equal(rows, np.arange(start, start + count))
         covered.extend(rows)
@@ -120,7 +120,7 @@ def test_shard_overlaps_cover_every_class_once(classes, old_world, new_world):
 
 def test_shard_overlaps_refuse_a_gap():
     with pytest.raises(checkpoint.CheckpointError, match="cover 5 of the 10 classes"):
-        checkpoint.shard_overlaps([[0, 5]], 0, 10)
+        memory_bank.shard_overlaps([[0, 5]], 0, 10)
 
 
 def test_resume_position():

@@ -7,7 +7,7 @@ import pytest
 
 from launch import REPO, rank_env
 from mxnet_pfc import config as cfg
-from mxnet_pfc.module import LRSchedule
+from mxnet_pfc.lr_schedule import LRSchedule
 
 
 def test_default_is_the_synthetic_cpu_run():

@@ -1,5 +1,4 @@
 """Sharded head on 1-4 CPU ranks (horovodrun, Gloo) against one dense float64 numpy computation."""
-import json
 
 import numpy as np
 import pytest

@@ -19,7 +19,7 @@ def test_model_counts_what_the_head_allocates(rate):
     head.forward_backward(mx.nd.array(rng.normal(size=(batch, dim))), rng.integers(0, classes, batch))
     model = head_memory(classes, 1, dim, rate, batch)
     assert model.num_sample == head.sampled_index.shape[0]
-    assert model.centers == head.weight.size * 4 and model.momentum == head.weight_mom.size * 4
+    assert model.centers == head.bank.weight.size * 4 and model.momentum == head.bank.weight_mom.size * 4
     table = head.sampler._table if rate < 1 else head.sampler._all
     assert model.sampler_table == table.size * 4
     logits = head.workspace._flat["logits"]

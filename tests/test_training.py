@@ -47,7 +47,7 @@ def test_two_ranks_learn_on_the_synthetic_set(tmp_path, rate):
     assert (run / "logs" / "rank0.log").exists() and (run / "logs" / "rank1.log").exists()
     assert os.listdir(run / "tensorboard")
     assert (run / "model-symbol.json").exists() and (run / "model-0000.params").exists()
-    assert f"sampled" in open(run / "logs" / "rank1.log").read()
+    assert "sampled" in open(run / "logs" / "rank1.log").read()
 
 
 def test_setup_failure_on_one_rank_stops_every_rank(tmp_path):
@@ -68,17 +68,15 @@ def test_run_sh_trains_with_mpirun(tmp_path):
     assert "step 3/3" in out and "2 rank(s)" in out
 
 
-def test_waiting_ranks_stop_when_generation_failed(tmp_path, monkeypatch):
-    from mxnet_pfc import comm, config, train
+def test_waiting_ranks_stop_when_generation_failed(tmp_path):
     from mxnet_pfc.data import synthetic
     from mxnet_pfc.data.records import DataError
 
-    cfg = config.parse_args(["--rec", str(tmp_path / "train.rec"), "--val_targets", str(tmp_path / "val.bin")])
-    monkeypatch.setattr(comm, "local_rank", lambda: 1)       # a rank that waits for local rank 0
+    wanted = dict(identities=500, images_per_identity=32, val_pairs=1000)
     (tmp_path / synthetic.OWNER).write_text("")        # local rank 0 claimed the folder, then failed
     (tmp_path / "FAILED").write_text("OSError: disk full\n")
     with pytest.raises(DataError, match="failed on local rank 0: OSError: disk full"):
-        train.ensure_synthetic_set(cfg, wait_seconds=30)
+        synthetic.ensure(str(tmp_path), **wanted, local_rank=1, wait_seconds=30)    # a rank that waits
     (tmp_path / "FAILED").unlink()
     with pytest.raises(DataError, match="did not appear within 1 s"):
-        train.ensure_synthetic_set(cfg, wait_seconds=1)
+        synthetic.ensure(str(tmp_path), **wanted, local_rank=1, wait_seconds=1)

@@ -17,8 +17,10 @@ writes train.rec, train.idx, property (the InsightFace layout) and val.bin
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pickle
+import time
 
 import cv2
 import numpy as np
@@ -26,6 +28,8 @@ from tqdm import tqdm
 
 from ..files import atomic_path
 from .records import DataError, RecordWriter
+
+log = logging.getLogger(__name__)
 
 SIZE = 112
 COMPLETE = "COMPLETE"
@@ -185,6 +189,45 @@ def is_complete(folder: str, identities: int, images_per_identity: int, val_pair
         return open(os.path.join(folder, COMPLETE)).read() == _stamp(identities, images_per_identity, val_pairs, seed)
     except OSError:
         return False
+
+
+def ensure(folder: str, identities: int, images_per_identity: int, val_pairs: int, local_rank: int,
+           wait_seconds: float = 1800) -> None:
+    """Generate the set once per host (local rank 0); the other ranks of the host wait for it.
+
+    Every rank first checks that the folder may be written (never over a set
+    this tool did not write), so a refusal reaches all of them. The wait is
+    on files, not a collective (no stall warnings). A failed generation
+    leaves FAILED with its reason, so the waiting ranks stop at once.
+    """
+    failed = os.path.join(folder, "FAILED")
+    wanted = (folder, identities, images_per_identity, val_pairs)
+    if is_complete(*wanted):
+        return
+    check_claimable(folder)
+    if local_rank == 0:
+        log.info(f"generating the synthetic set in {folder} ({identities} identities x {images_per_identity} "
+                 f"images, held-out val.bin); done once")
+        started = time.time()
+        claim_folder(folder)
+        if os.path.exists(failed):
+            os.remove(failed)
+        try:
+            generate(folder, identities, images_per_identity, val_identities=max(2, val_pairs // 4),
+                     val_pairs=val_pairs)
+        except Exception as error:
+            with open(failed, "w") as f:
+                f.write(f"{type(error).__name__}: {error}\n")
+            raise
+        log.info(f"synthetic set written in {time.time() - started:.0f} s")
+        return
+    deadline = time.time() + wait_seconds
+    while not is_complete(*wanted):
+        if os.path.exists(failed):
+            raise DataError(f"{folder}: generating the synthetic set failed on local rank 0: {open(failed).read().strip()}")
+        if time.time() > deadline:
+            raise DataError(f"{folder}: the synthetic set did not appear within {wait_seconds:.0f} s")
+        time.sleep(1)
 
 
 def main(argv=None) -> None:

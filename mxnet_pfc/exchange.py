@@ -1,0 +1,184 @@
+"""The input exchange of a Partial FC step (collective 1), as pure functions.
+
+Every rank sends one flat float32 vector: a header, its labels as exact
+(hi, lo) pairs, its embeddings. The allgather concatenates the ranks' vectors;
+every rank then reads every rank's header and finds the same problems, so bad
+input on any rank raises the same error everywhere instead of a hang or a
+wrong loss. Vectors of different lengths (a wrong width, another batch size)
+still gather: the header says how long each is.
+
+Nothing here runs a collective; `partial_fc.PartialFC` does the allgather.
+Tests simulate W ranks by concatenating W packed vectors (docs/DESIGN.md,
+section 2.1).
+"""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+
+from .errors import PfcError
+
+nd = mx.nd
+
+FLOAT32_EXACT_INT = 2 ** 24   # float32 holds every integer up to this, not beyond
+LABEL_SPLIT = FLOAT32_EXACT_INT   # labels travel as hi * 2^24 + lo, both exact in float32
+
+# One rank's header: what every rank needs to check every rank's input. The
+# last two fields are the lengths of the label and embedding parts that follow.
+HEADER = ("problem", "rows", "width", "labels", "label_ndim", "bad_labels", "nonfinite",
+          "min_hi", "min_lo", "max_hi", "max_lo", "label_values", "embedding_values")
+
+# Problems found while converting one rank's inputs; sent as a code so that
+# every rank can raise the same message.
+CONVERSION_PROBLEMS = {
+    1: "embeddings must be a numeric array",
+    2: "labels must be integers (or floats holding integers)",
+    3: "float32 labels cannot hold class ids above 2^24 = 16777216 exactly: pass int64 labels",
+}
+
+
+class PartialFCInputError(PfcError, ValueError):
+    """Inputs of a step were invalid on at least one rank; raised on every rank."""
+
+
+def split_hi_lo(labels: nd.NDArray) -> nd.NDArray:
+    """int64 values (< 2^48) -> float32 (n, 2) pairs (hi, lo), exactly."""
+    value = labels.astype("float64")
+    hi = nd.floor(value / LABEL_SPLIT)
+    return nd.stack(hi, value - hi * LABEL_SPLIT, axis=1).astype("float32")
+
+
+def join_hi_lo(pairs: nd.NDArray) -> nd.NDArray:
+    """Inverse of split_hi_lo: float32 (n, 2) -> int64 (n,)."""
+    pairs = pairs.astype("float64")
+    return (pairs[:, 0] * LABEL_SPLIT + pairs[:, 1]).astype("int64")
+
+
+def convert_inputs(embeddings, labels, num_classes: int, ctx: mx.Context):
+    """(float32 embeddings, int64 labels, problem code) on ctx; code 0 when fine.
+
+    Float labels must hold exact integers; those that do not become -1 and
+    are reported as out of range by the header check.
+    """
+    try:
+        if isinstance(embeddings, nd.NDArray):
+            x = embeddings.as_in_context(ctx).astype("float32", copy=False)
+        else:
+            x = nd.array(np.asarray(embeddings, dtype=np.float32), ctx=ctx)
+    except (TypeError, ValueError):
+        return None, None, 1
+    dtype = np.dtype(labels.dtype) if isinstance(labels, nd.NDArray) else np.asarray(labels).dtype
+    if dtype.kind not in "iuf":
+        return x, None, 2
+    if dtype.kind == "f" and dtype.itemsize <= 4 and num_classes > FLOAT32_EXACT_INT:
+        return x, None, 3
+    if isinstance(labels, nd.NDArray):
+        y = labels.as_in_context(ctx)
+    else:
+        y = nd.array(np.asarray(labels), ctx=ctx, dtype=dtype)
+    if dtype.kind == "f":
+        as_int = y.astype("int64")
+        minus_one = nd.full(as_int.shape, -1, ctx=ctx, dtype=as_int.dtype)
+        return x, nd.where(as_int.astype(y.dtype) == y, as_int, minus_one), 0
+    return x, y.astype("int64", copy=False), 0
+
+
+def pack(x, labels, problem: int, num_classes: int, ctx: mx.Context) -> nd.NDArray:
+    """This rank's part of the gathered batch: header, labels (hi, lo), embeddings, flat float32.
+
+    Input that cannot be laid out (a problem code, wrong dimensions, an empty
+    batch) sends the header alone.
+    """
+    shape = x.shape if x is not None else ()
+    label_shape = labels.shape if labels is not None else ()
+    rows = shape[0] if len(shape) == 2 else -1
+    width = shape[1] if len(shape) == 2 else -1
+    valid = problem == 0 and len(shape) == 2 and label_shape == (rows,) and rows > 0
+    head = [problem, rows, width, label_shape[0] if len(label_shape) == 1 else -1, len(label_shape)]
+    if not valid:
+        return nd.array(head + [0] * (len(HEADER) - len(head)), ctx=ctx)
+    bad = ((labels < 0) + (labels >= num_classes)).sum().astype("float32")
+    nonfinite = (x.size - nd.contrib.isfinite(x).sum()).astype("float32")
+    extremes = split_hi_lo(nd.concat(labels.min(), labels.max(), dim=0))
+    header = nd.concat(nd.array(head, ctx=ctx), bad, nonfinite, extremes.reshape((-1,)),
+                       nd.array([2 * rows, rows * width], ctx=ctx), dim=0)
+    return nd.concat(header, split_hi_lo(labels).reshape((-1,)), x.reshape((-1,)), dim=0)
+
+
+def packed_length(x, problem: int) -> int:
+    """The length of this rank's packed vector when its input converted to a 2-D batch, else -1."""
+    if problem or x is None or x.ndim != 2:
+        return -1
+    return len(HEADER) + 2 * x.shape[0] + x.size
+
+
+def unpack(gathered: nd.NDArray, world_size: int, per_rank: int):
+    """(headers, table): every rank's header as a list, and the (world_size, per_rank) table.
+
+    per_rank is this rank's own packed length (-1 when its input was not
+    valid). When every header declares that same length the layout is
+    regular and only the headers are copied to the host; otherwise the
+    headers are walked one by one on the host and the table is None.
+    """
+    K = len(HEADER)
+    if per_rank > 0 and gathered.shape[0] == per_rank * world_size:
+        table = gathered.reshape((world_size, per_rank))
+        # Host sync: the headers decide whether this step goes on.
+        headers = table[:, :K].asnumpy().tolist()
+        # Rank 0's header is at 0; if each header declares this same length, the
+        # next one is where the regular layout puts it (by induction). Equal
+        # totals alone prove nothing: 53 + 43 + 33 == 3 * 43.
+        if all(K + h[-2] + h[-1] == per_rank for h in headers):
+            return headers, table
+    host = gathered.asnumpy()
+    headers, offset = [], 0
+    while offset < host.shape[0]:
+        header = host[offset:offset + K].tolist()
+        headers.append(header)
+        offset += K + int(header[-2]) + int(header[-1])
+    return headers, None
+
+
+def batch_from_table(table: nd.NDArray, rows: int, width: int) -> "tuple[nd.NDArray, nd.NDArray]":
+    """(embeddings (W*rows, width) float32, labels (W*rows,) int64) of a regular gathered table."""
+    K = len(HEADER)
+    labels = join_hi_lo(table[:, K:K + 2 * rows].reshape((-1, 2)))
+    embeddings = table[:, K + 2 * rows:].reshape((-1, width))
+    return embeddings, labels
+
+
+def input_problems(headers: list, embedding_size: int, num_classes: int) -> "list[str]":
+    """Every problem the ranks' headers show, each naming its rank; empty when all is well."""
+    problems = []
+    for r, header in enumerate(headers):
+        h = dict(zip(HEADER, header))
+        if h["problem"]:
+            problems.append(f"rank {r}: {CONVERSION_PROBLEMS[int(h['problem'])]}")
+            continue
+        b = h["rows"]
+        if b < 0:
+            problems.append(f"rank {r}: embeddings must be 2-D (batch, {embedding_size})")
+        elif h["width"] != embedding_size:
+            problems.append(f"rank {r}: embedding width {int(h['width'])} != embedding_size {embedding_size}")
+        if h["label_ndim"] != 1 or h["labels"] != b:
+            problems.append(f"rank {r}: labels must be 1-D with one label per embedding row")
+        if b == 0:
+            problems.append(f"rank {r}: empty batch")
+        if h["bad_labels"] > 0:
+            smallest = int(h["min_hi"]) * LABEL_SPLIT + int(h["min_lo"])
+            largest = int(h["max_hi"]) * LABEL_SPLIT + int(h["max_lo"])
+            problems.append(f"rank {r}: {int(h['bad_labels'])} labels outside [0, {num_classes}) "
+                            f"(smallest {smallest}, largest {largest})")
+        if h["nonfinite"] > 0:
+            problems.append(f"rank {r}: {int(h['nonfinite'])} NaN/Inf values in the embeddings")
+    rows = [int(h[HEADER.index("rows")]) for h in headers]
+    if len({b for b in rows if b >= 0}) > 1:
+        problems.append("batch sizes differ across ranks: " + ", ".join(f"rank {r}={b}" for r, b in enumerate(rows)))
+    return problems
+
+
+def raise_if_bad(headers: list, embedding_size: int, num_classes: int) -> None:
+    """The same PartialFCInputError on every rank if any rank's header shows a problem."""
+    problems = input_problems(headers, embedding_size, num_classes)
+    if problems:
+        raise PartialFCInputError("invalid PartialFC input: " + "; ".join(problems))

@@ -1,0 +1,29 @@
+"""The run's log: a file per rank (OUTPUT/logs/rankR.log); rank 0 also prints to stdout.
+
+Every module logs through a child of the "mxnet_pfc" logger, so configuring
+that one logger here is enough.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+ROOT_LOGGER = "mxnet_pfc"
+
+
+def setup(output: str, rank: int) -> str:
+    """Send the project's log records to OUTPUT/logs/rankR.log (and stdout on rank 0); returns the file."""
+    log = logging.getLogger(ROOT_LOGGER)
+    os.makedirs(os.path.join(output, "logs"), exist_ok=True)
+    path = os.path.join(output, "logs", f"rank{rank}.log")
+    formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%H:%M:%S")
+    handlers = [logging.FileHandler(path)]
+    if rank == 0:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    return path

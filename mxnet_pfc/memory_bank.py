@@ -1,0 +1,116 @@
+"""One rank's memory bank: its share of the class centers, their momentum, and their SGD.
+
+Rank r owns the contiguous rows [class_start, class_start + num_local) of the
+class table (`shard_range`). The bank keeps them as `weight` (the centers) and
+`weight_mom` (their momentum), updates only the rows a step used, and writes
+and reads them for checkpoints. A checkpoint saved on W ranks loads onto any
+other number of ranks: each rank reads its new range from whichever saved
+shards hold it (docs/DESIGN.md, section 5).
+"""
+from __future__ import annotations
+
+import os
+
+import mxnet as mx
+import numpy as np
+
+from .errors import CheckpointError
+
+nd = mx.nd
+
+
+def shard_range(num_classes: int, rank: int, world_size: int) -> "tuple[int, int]":
+    """(class_start, num_local) of `rank`: contiguous ranges, remainder on the first ranks."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    if num_classes < world_size:
+        raise ValueError(f"num_classes ({num_classes}) must be at least the world size ({world_size})")
+    base, remainder = divmod(num_classes, world_size)
+    num_local = base + (1 if rank < remainder else 0)
+    class_start = rank * base + min(rank, remainder)
+    return class_start, num_local
+
+
+def shard_overlaps(shards: "list[list[int]]", start: int, count: int) -> "list[tuple[int, int, int, int]]":
+    """Where rows [start, start + count) of the class table lie in saved shards.
+
+    shards[r] = (class_start, num_local) of old rank r. Returns (old_rank,
+    row_in_old_shard, row_in_new_range, rows) pieces covering the new range.
+    """
+    pieces, covered = [], 0
+    for old_rank, (old_start, old_count) in enumerate(shards):
+        lo, hi = max(start, old_start), min(start + count, old_start + old_count)
+        if lo < hi:
+            pieces.append((old_rank, lo - old_start, lo - start, hi - lo))
+            covered += hi - lo
+    if covered != count:
+        raise CheckpointError(f"the saved shards cover {covered} of the {count} classes [{start}, {start + count})")
+    return pieces
+
+
+def shard_files(folder: str, rank: int) -> "dict[str, str]":
+    """The files of rank `rank`'s bank in a checkpoint folder: {"centers": path, "momentum": path}."""
+    return {kind: os.path.join(folder, f"{kind}-rank{rank:05d}.npy") for kind in ("centers", "momentum")}
+
+
+class MemoryBank:
+    """Centers and momentum of this rank's classes, with momentum SGD of given rows.
+
+    The update is MXNet's sgd_mom_update on the given rows only:
+    mom = momentum * mom - lr * (grad + wd * w); w += mom. `lr` may change
+    between steps. `ops` is the head's kernel set (fused C++ or MXNet ops).
+    """
+
+    def __init__(self, num_classes: int, embedding_size: int, rank: int, world_size: int, ctx: mx.Context,
+                 ops, lr: float = 0.1, momentum: float = 0.9, wd: float = 5e-4, init_std: float = 0.01):
+        self.num_classes, self.embedding_size = int(num_classes), int(embedding_size)
+        self.rank, self.world_size, self.ctx, self.ops = rank, world_size, ctx, ops
+        self.class_start, self.num_local = shard_range(self.num_classes, rank, world_size)
+        self.lr, self.momentum, self.wd = float(lr), float(momentum), float(wd)
+        self.weight = nd.random.normal(0.0, init_std, shape=(self.num_local, self.embedding_size),
+                                       ctx=ctx, dtype="float32")
+        self.weight_mom = nd.zeros_like(self.weight)
+
+    def __repr__(self) -> str:
+        return (f"MemoryBank(rank {self.rank}/{self.world_size}: classes [{self.class_start}, "
+                f"{self.class_start + self.num_local}) of {self.num_classes}, D={self.embedding_size})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of centers and momentum together (what a checkpoint writes for this rank)."""
+        return 2 * self.weight.size * 4
+
+    def update_rows(self, index: nd.NDArray, grad: nd.NDArray, radial: nd.NDArray, rows: nd.NDArray) -> None:
+        """Momentum SGD of the rows `index` (sorted local ids) with their loss gradient.
+
+        grad (S, D) is the gradient for the normalised rows `rows` (the gathered
+        centers); radial (S,) is the coefficient of the normalisation's radial
+        term, so the centers' gradient is grad - radial * rows (DESIGN.md 2.4).
+        """
+        self.ops.sgd_rows(self.weight, self.weight_mom, grad, radial, rows, index,
+                          self.lr, self.momentum, self.wd)
+
+    def save(self, folder: str) -> "list[str]":
+        """Write this rank's centers and momentum into `folder`; returns the paths (host copies: sync points)."""
+        files = shard_files(folder, self.rank)
+        np.save(files["centers"], self.weight.asnumpy())
+        np.save(files["momentum"], self.weight_mom.asnumpy())
+        return list(files.values())
+
+    def load(self, folder: str, shards: "list[list[int]]") -> None:
+        """Fill centers and momentum with this rank's classes from the shards saved in `folder`.
+
+        shards[r] = (class_start, num_local) of saved rank r, on any number of
+        ranks: only the rows this rank owns are read (memory-mapped).
+        """
+        pieces = shard_overlaps(shards, self.class_start, self.num_local)
+        for kind, target in (("centers", self.weight), ("momentum", self.weight_mom)):
+            for old_rank, old_row, new_row, rows in pieces:
+                file = shard_files(folder, old_rank)[kind]
+                try:
+                    saved = np.load(file, mmap_mode="r")
+                except (OSError, ValueError) as error:
+                    raise CheckpointError(f"{file}: {error}") from None
+                if saved.ndim != 2 or saved.shape[1] != self.embedding_size:
+                    raise CheckpointError(f"{file}: shape {saved.shape}, expected (rows, {self.embedding_size})")
+                target[new_row:new_row + rows] = nd.array(saved[old_row:old_row + rows], dtype="float32")

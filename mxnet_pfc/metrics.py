@@ -1,0 +1,108 @@
+"""Rank 0's training figures: metrics.jsonl, TensorBoard events, and the throughput of each window.
+
+MetricsLog writes one JSON line per record and the same scalars to TensorBoard
+(mxboard, optional). Throughput measures the steps between two log lines:
+samples per second per rank and in total, the share of time spent waiting for
+data, and the time left; evaluation and checkpoint time is left out.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from .files import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLog:
+    """Rank 0's figures: JSON lines in OUTPUT/metrics.jsonl and TensorBoard events (mxboard).
+
+    One record per step: a run resumed at step S first drops the records of
+    steps after S (the lost run's, which it recomputes) from metrics.jsonl, and
+    writes TensorBoard's restart marker (a SessionLog START event at step S + 1),
+    on which TensorBoard discards the earlier events of steps S + 1 and later.
+    """
+
+    def __init__(self, output: str, tensorboard: bool, start_step: int = 0, saved_step: "int | None" = None):
+        """start_step: the first step this run trains is start_step + 1; saved_step: the checkpoint's
+        step in its own run's numbering (they differ when resuming on another global batch)."""
+        self.path = os.path.join(output, "metrics.jsonl")
+        self._keep_until(start_step if saved_step is None else saved_step)
+        self._file = open(self.path, "a")
+        self._board = None
+        if tensorboard:
+            try:
+                from mxboard import SummaryWriter
+                from mxboard.proto.event_pb2 import Event, SessionLog
+                self._board = SummaryWriter(logdir=os.path.join(output, "tensorboard"))
+                self._board._file_writer.add_event(Event(wall_time=time.time(), step=start_step + 1,
+                                                         session_log=SessionLog(status=SessionLog.START)))
+            except Exception as error:     # mxboard is optional for training
+                log.warning(f"TensorBoard logging off: {error}")
+
+    def _keep_until(self, step: int) -> None:
+        """Rewrite metrics.jsonl without the records of steps after `step` (and half-written lines)."""
+        if not os.path.exists(self.path):
+            return
+        kept = []
+        for line in open(self.path):
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                continue
+        with atomic_path(self.path) as tmp:
+            with open(tmp, "w") as f:
+                f.writelines(kept)
+
+    def write(self, step: int, **values) -> None:
+        self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), **values}) + "\n")
+        self._file.flush()
+        if self._board is not None:
+            for name, value in values.items():
+                if isinstance(value, (int, float)):
+                    self._board.add_scalar(name, value, global_step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._board is not None:
+            self._board.close()
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class Throughput:
+    """Counts one window of steps (from one log line to the next) on one rank."""
+
+    def __init__(self, batch_size: int, world_size: int):
+        self.batch_size, self.world_size = batch_size, world_size
+        self._restart()
+
+    def _restart(self) -> None:
+        self.started, self.steps, self.data_wait = time.time(), 0, 0.0
+
+    def waited_for_data(self, seconds: float) -> None:
+        self.data_wait += seconds
+
+    def step_done(self) -> None:
+        self.steps += 1
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` (evaluation, saving) out of the window's time."""
+        self.started += seconds
+
+    def close_window(self, steps_left: int) -> dict:
+        """The window's figures, then a new window: samples/s per rank and in all, data-wait share, eta (s)."""
+        elapsed = max(time.time() - self.started, 1e-9)
+        per_rank = self.steps * self.batch_size / elapsed
+        figures = dict(samples_per_sec_per_rank=per_rank, samples_per_sec=per_rank * self.world_size,
+                       data_wait_fraction=self.data_wait / elapsed,
+                       eta_seconds=steps_left * elapsed / max(self.steps, 1))
+        self._restart()
+        return figures

@@ -1,0 +1,81 @@
+"""What a run will do, fixed at start-up: the configuration completed from the data, the run's length.
+
+The plan is decided on each rank from the configuration, the data and the
+world size alone (no collectives), so that a failure here is agreed on with
+the rest of setup before any collective starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+
+from . import config as config_lib
+from .data.iterators import count_classes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What this run will do, from the configuration, the data and the world size."""
+    num_images: int
+    global_batch: int
+    steps_per_epoch: int
+    max_update: int            # the step the run ends at
+    lr: float                  # peak learning rate for the global batch
+    context: str
+    length_note: str = ""      # how max_update was carried over from a checkpoint, if it was
+
+    def describe(self, batch_size: int, world: int, lr_schedule: str) -> str:
+        return (f"{self.num_images} images, global batch {self.global_batch} = {batch_size} x {world} ranks, "
+                f"{self.steps_per_epoch} steps/epoch, {self.max_update} steps, peak lr {self.lr:.4g} "
+                f"({lr_schedule}), context {self.context}")
+
+
+def resolve_config(cfg: config_lib.Config, world: int) -> config_lib.Config:
+    """The configuration completed from the data (num_classes) and checked against the world size."""
+    if cfg.rec and cfg.num_classes == 0:
+        cfg = dataclasses.replace(cfg, num_classes=count_classes(cfg.rec))
+        log.info(f"num_classes = {cfg.num_classes}, read from the set {cfg.rec}")
+    if cfg.num_classes < world:
+        raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} is below the number of ranks ({world}): "
+                                     f"every rank must own at least one class; use at most {cfg.num_classes} ranks")
+    return cfg
+
+
+def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
+               saved: "dict | None") -> "tuple[int, str]":
+    """(max_update, note): the step the run ends at.
+
+    A run resumed on another global batch (another number of ranks) with the
+    same --max_update keeps its length in samples, as its position is kept:
+    the checkpoint's end step x its global batch / this global batch, rounded
+    up. A --max_update that differs from the checkpoint's counts steps of this
+    run's global batch. Without --max_update the length is num_epoch epochs.
+    `saved` is the checkpoint's state.json, None for a fresh run.
+    """
+    if not cfg.max_update:
+        return max(1, math.ceil(cfg.num_epoch * steps_per_epoch)), ""
+    if saved is None or saved["global_batch"] == global_batch or saved["config"].get("max_update") != cfg.max_update:
+        return cfg.max_update, ""
+    samples = saved["max_update"] * saved["global_batch"]
+    max_update = math.ceil(samples / global_batch)
+    return max_update, (f"--max_update {cfg.max_update} kept in samples: the checkpoint's run ends after "
+                        f"{saved['max_update']} steps of {saved['global_batch']} = {samples} samples, "
+                        f"{max_update} steps of {global_batch} here")
+
+
+def make_plan(cfg: config_lib.Config, world: int, num_images: int, steps_per_epoch: int, context: str,
+              resume=None) -> RunPlan:
+    """The plan of this run; refuses a resumed run that has nothing left to train."""
+    global_batch = cfg.batch_size * world
+    max_update, note = run_length(cfg, steps_per_epoch, global_batch, resume.state if resume else None)
+    if resume is not None and resume.step >= max_update:
+        raise config_lib.ConfigError(
+            f"nothing to train: checkpoint {resume.path} is at step {resume.step} (global batch "
+            f"{global_batch}), and this run ends at step {max_update}"
+            f"{' (' + note + ')' if note else ''}. To train longer, raise --max_update (or --num_epoch)")
+    lr = cfg.lr * global_batch / cfg.lr_base_batch
+    return RunPlan(num_images, global_batch, steps_per_epoch, max_update, lr, context, note)
