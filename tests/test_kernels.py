@@ -78,3 +78,25 @@ def test_each_kernel_matches_its_mxnet_twin(both):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6 * max(1.0, np.abs(b).max()), err_msg=name)
     assert np.array_equal(results[0][6][np.setdiff1d(np.arange(R), index)],
                           weight[np.setdiff1d(np.arange(R), index)]), "rows outside the index changed"
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("num_classes, rate", [(1, 1.0), (20, 0.05)])
+def test_a_step_with_one_center_matches_float64(fused, num_classes, rate):
+    """S = 1: each row's only column is its target, so its other-columns sum is empty (was NaN on MXNet ops)."""
+    from reference import loss_and_grads, sgd_momentum
+    from mxnet_pfc import CombinedMarginLoss, PartialFC
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 8)).astype(np.float32)
+    label = num_classes // 2
+    pfc = PartialFC(CombinedMarginLoss(64, 1, 0.5, 0), 8, num_classes, rate, lr=0.1, seed=1, fused_kernels=fused)
+    assert pfc.ops.name == ("fused" if fused else "mxnet")
+    w0 = pfc.bank.weight.asnumpy().astype(np.float64)
+    loss, grad = pfc.forward_backward(nd.array(x), np.full(6, label))
+    assert pfc.sampled_index.shape == (1,)
+    ref_loss, ref_dx, ref_dw = loss_and_grads(x, np.zeros(6, int), w0[[label]], 64, 1, 0.5, 0)
+    new_w, _ = sgd_momentum(w0[[label]], np.zeros((1, 8)), ref_dw, 0.1, 0.9, 5e-4)
+    assert abs(loss - ref_loss) <= 1e-5
+    np.testing.assert_allclose(grad.asnumpy(), ref_dx, atol=1e-6)
+    np.testing.assert_allclose(pfc.bank.weight.asnumpy()[[label]], new_w, rtol=1e-5, atol=1e-7)

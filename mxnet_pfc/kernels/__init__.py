@@ -189,7 +189,10 @@ class MXNetOps:
     def scale_lse(self, logits, col_scale, target, mask):
         logits = nd.broadcast_mul(logits, col_scale.reshape((1, -1)), out=logits)
         others = logits.copy()
-        self._set_targets(others, target, mask, nd.full(mask.shape, -np.inf, ctx=mask.context))
+        # The target cells leave the sum as -1e30, not -inf: a row whose only column is its
+        # target (one sampled center) then gets log-sum-exp -1e30, as in the fused kernel,
+        # where -inf would make its max shift inf - inf = NaN.
+        self._set_targets(others, target, mask, nd.full(mask.shape, -1e30, ctx=mask.context))
         top = nd.max(others, axis=1)
         lse = top + nd.log(nd.sum(nd.exp(nd.broadcast_sub(others, top.reshape((-1, 1)))), axis=1))
         return logits, lse
