@@ -7,6 +7,8 @@ so the single-process path is one branch per function, in this file only.
 Contract: every function below that communicates must be called by all ranks,
 in the same order, with tensors of the same dtype (and, for allreduce and
 broadcast, the same shape). Horovod matches collectives by call order.
+
+See docs/DESIGN.md sections 2 (the head's three collectives) and 6 (failures).
 """
 from __future__ import annotations
 

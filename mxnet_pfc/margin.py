@@ -7,6 +7,8 @@ angle; there we use f(c) = s * (c - m3 - m2 * sin(m2)), the branch
 InsightFace's reference uses with "easy margin" off. For ArcFace
 (m1=1, m2=0.5, m3=0) the whole curve then decreases monotonically in the
 angle. With m2 = 0 (CosFace) and m1 <= 1 the branch is never taken.
+
+docs/DESIGN.md section 2.3 derives f and df/dc.
 """
 from __future__ import annotations
 

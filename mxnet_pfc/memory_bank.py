@@ -85,7 +85,7 @@ class MemoryBank:
 
         grad (S, D) is the gradient for the normalised rows `rows` (the gathered
         centers); radial (S,) is the coefficient of the normalisation's radial
-        term, so the centers' gradient is grad - radial * rows (DESIGN.md 2.4).
+        term, so the centers' gradient is grad - radial * rows (docs/DESIGN.md section 2.5).
         """
         self.ops.sgd_rows(self.weight, self.weight_mom, grad, radial, rows, index,
                           self.lr, self.momentum, self.wd)

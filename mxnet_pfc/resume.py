@@ -4,6 +4,8 @@
 of setup); `restore` fills the module and the memory bank once they exist.
 On another number of ranks the centers are re-sharded (memory_bank.py) and
 the position is kept in samples seen (checkpoint.resume_position).
+
+See docs/DESIGN.md section 5.3.
 """
 from __future__ import annotations
 

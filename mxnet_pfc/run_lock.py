@@ -11,6 +11,8 @@ gone:
   file for STALE_SECONDS. The holder touches it every HEARTBEAT_SECONDS; ages
   are measured on the file system's own clock (the modification time of a
   file written just now), so clocks that differ between hosts do not matter.
+
+See docs/DESIGN.md section 6.2.
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 The plan is decided on each rank from the configuration, the data and the
 world size alone (no collectives), so that a failure here is agreed on with
 the rest of setup before any collective starts.
+
+See docs/DESIGN.md section 4.5.
 """
 from __future__ import annotations
 

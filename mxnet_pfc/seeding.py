@@ -7,6 +7,8 @@ the step it starts at: MXNet cannot save a generator's state, so the trainer
 seeds at the start of a run (step 0, or the step it resumes at) and again after
 every checkpoint; a run resumed from a checkpoint then draws exactly what the
 uninterrupted run drew after it. Nothing else in mxnet-pfc calls mx.random.seed.
+
+See docs/DESIGN.md section 4.4.
 """
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ the signal. What it can see:
   start-up): a rank killed without a word (SIGKILL, the out-of-memory killer, a
   crash) is a process that is gone.
 With neither, the stop is an interruption (Ctrl-C, or a stop request).
+
+See docs/DESIGN.md section 6.3.
 """
 from __future__ import annotations
 

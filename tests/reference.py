@@ -1,6 +1,6 @@
 """Independent float64 numpy computation of the margin softmax and its SGD step.
 
-Written from DESIGN.md section 2 with dense matrices and an explicit one-hot,
+Written from docs/DESIGN.md section 2 with dense matrices and an explicit one-hot,
 sharing no code with mxnet_pfc. The gradients are derived by hand here and
 checked against finite differences in test_reference.py.
 """

@@ -8,6 +8,8 @@ op compositions otherwise (GPU contexts, no compiler, or MXNET_PFC_KERNELS=0).
 The library is compiled on first use into a cache folder (MXNET_PFC_CACHE, by
 default ~/.cache/mxnet_pfc), keyed by source, flags, MXNet version and CPU, so
 that several ranks starting together compile it once (under a file lock).
+
+docs/DESIGN.md sections 2.3-2.6 give the math each step computes, 2.9 the NaN handling.
 """
 from __future__ import annotations
 
