@@ -10,6 +10,9 @@
 #   MXNET_PACKAGE=... mxnet wheel to install (default: mxnet-cu112==1.9.1 when
 #                     nvidia-smi sees GPUs the CUDA wheels support, mxnet==1.9.1
 #                     otherwise)
+#   HOROVOD_NVCC=...  CUDA compiler for Horovod's GPU build ("none": build it
+#                     without CUDA; default: a CUDA 11 nvcc found on PATH,
+#                     $CUDA_HOME/bin or /usr/local/cuda/bin)
 #   bash setup-utils/install.sh --dry-run
 #                     prints what it would install (the GPU decisions below) and
 #                     installs nothing
@@ -18,7 +21,7 @@
 # to 8.6 (sm_50, 60, 70, 80, 86) and no PTX, and load CUDA 11 libraries they do
 # not bundle. With GPUs of capability <= 8.6 this installs mxnet-cu112 and the
 # libraries of requirements-gpu.txt (config.sh puts them on LD_LIBRARY_PATH), and
-# builds Horovod with CUDA and NCCL when a CUDA toolkit (nvcc) is found. A GPU
+# builds Horovod with CUDA and NCCL when a CUDA 11 toolkit (nvcc) is found. A GPU
 # above 8.6 (H100, H200: 9.0) has no kernels in those wheels: the CPU wheel is
 # installed instead, and the trainer runs on the CPU (see gpu_plan).
 set -euo pipefail
@@ -87,19 +90,37 @@ gpu_plan() {
 
     CUDA_LIBS=0
     NVCC=""
+    local found version why_not=""
     if [[ "$MXNET_PACKAGE" =~ ^mxnet-cu[0-9]+ ]]; then
         CUDA_LIBS=1
-        NVCC="$(find_nvcc)"
+        found="$(find_nvcc)"
+        if [ "${HOROVOD_NVCC:-}" = none ]; then
+            why_not="HOROVOD_NVCC=none"
+        elif [ -z "$found" ]; then
+            why_not="no nvcc found (HOROVOD_NVCC, PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)"
+        elif [ ! -x "$found" ]; then
+            why_not="HOROVOD_NVCC=$found is not an executable"
+        else
+            version="$(nvcc_version "$found")"
+            # The MXNet wheels and the NCCL wheel run on the CUDA 11 runtime; Horovod's GPU code
+            # (static cudart of its toolkit) is built with the same major version, or not at all
+            # unless the user names a compiler (HOROVOD_NVCC).
+            if [[ "$version" == 11.* ]] || [ -n "${HOROVOD_NVCC:-}" ]; then
+                NVCC="$found"
+            else
+                why_not="$found is CUDA ${version:-of unknown version}, the MXNet wheels use CUDA 11 (HOROVOD_NVCC=path/to/cuda-11/bin/nvcc chooses one)"
+            fi
+        fi
     fi
     echo "[setup] plan: mxnet package: $MXNET_PACKAGE"
     if [ "$CUDA_LIBS" = 1 ]; then
         echo "[setup] plan: CUDA libraries: $(grep -E '^nvidia-' "$GPU_REQS" | sed 's/[[:space:]].*//' | tr '\n' ' ')"
         if [ -n "$NVCC" ]; then
-            echo "[setup] plan: horovod: built with CUDA and NCCL (nvcc: $NVCC; NCCL from nvidia-nccl-cu11)"
+            echo "[setup] plan: horovod: built with CUDA and NCCL (nvcc: $NVCC, CUDA ${version:-?}; NCCL from nvidia-nccl-cu11)"
         else
-            echo "[setup] plan: horovod: built without CUDA (no nvcc found: PATH, \$CUDA_HOME/bin, /usr/local/cuda/bin)." \
+            echo "[setup] plan: horovod: built without CUDA: $why_not." \
                  "Horovod then cannot take GPU arrays: the trainer stops on a GPU context with more than one rank" \
-                 "(one rank, or --context cpu, still trains). Install a CUDA toolkit and run make setup again."
+                 "(one rank, or --context cpu, still trains). Install a CUDA 11 toolkit and run make setup again."
         fi
     else
         echo "[setup] plan: CUDA libraries: none"
@@ -113,11 +134,22 @@ cc_above_max() {
     (( major > max_major || (major == max_major && minor > max_minor) ))
 }
 
+# The CUDA compiler to build Horovod with: HOROVOD_NVCC (a path, or "none"), else nvcc on PATH,
+# in $CUDA_HOME/bin or /usr/local/cuda/bin.
 find_nvcc() {
     local candidate
+    if [ -n "${HOROVOD_NVCC:-}" ]; then
+        if [ "$HOROVOD_NVCC" != none ]; then echo "$HOROVOD_NVCC"; fi
+        return
+    fi
     for candidate in "$(command -v nvcc 2>/dev/null || true)" "${CUDA_HOME:+$CUDA_HOME/bin/nvcc}" /usr/local/cuda/bin/nvcc; do
         if [ -n "$candidate" ] && [ -x "$candidate" ]; then echo "$candidate"; return; fi
     done
+}
+
+# "11.8" from nvcc --version ("Cuda compilation tools, release 11.8, V11.8.89"), or nothing.
+nvcc_version() {
+    "$1" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -1
 }
 
 gpu_plan
