@@ -3,8 +3,9 @@
 The MXNet 1.9.1 CUDA wheels (mxnet-cu112, mxnet-cu117) carry GPU machine code
 for compute capability 5.0 to 8.6 (sm_50, 60, 70, 80, 86) and no PTX. On a
 newer GPU (H100, H200: 9.0) the first operator fails with an opaque "no kernel
-image is available"; `choose_context` says so before MXNet runs anything on
-the GPU, reading the GPUs from nvidia-smi (which does not involve MXNet).
+image is available"; with such a wheel installed, `choose_context` says so
+before MXNet runs anything on the GPU, reading the GPUs from nvidia-smi (which
+does not involve MXNet). An MXNet built from source is not second-guessed.
 
 Horovod built without CUDA cannot take GPU arrays, and built without NCCL it
 copies them through host memory: `check_horovod_gpu` says which, before the
@@ -66,21 +67,38 @@ def unsupported_gpus(gpus: "list[tuple[str, tuple[int, int] | None]] | None") ->
     return [(name, cap) for name, cap in gpus or [] if cap is not None and cap > MAX_COMPUTE_CAPABILITY]
 
 
-def check_compute_capability(gpus: "list[tuple[str, tuple[int, int] | None]] | None" = None) -> None:
+def check_compute_capability(gpus: "list[tuple[str, tuple[int, int] | None]] | None" = None,
+                             wheel: "str | None" = None) -> None:
     """Raise ConfigError when a GPU is newer than the MXNet CUDA wheels' kernels (read from nvidia-smi).
 
     Every GPU nvidia-smi lists is checked (the ranks of a host use all of them).
     Unknown capabilities and a missing or failing nvidia-smi pass: only a GPU known
-    to be unsupported stops the run.
+    to be unsupported stops the run. Only the registry's CUDA wheels (`wheel`: the
+    installed mxnet-cu* distribution, found when not given) are known to lack the
+    kernels: an MXNet built from source for the GPU passes.
     """
+    if wheel is None:
+        wheel = mxnet_cuda_wheel()
+    if not wheel:
+        return
     if gpus is None:
         gpus = gpu_models()
     bad = unsupported_gpus(gpus)
     if bad:
         named = ", ".join(f"{name} (compute capability {major}.{minor})" for name, (major, minor) in bad)
-        raise ConfigError(f"context = gpu: MXNet {_mxnet_version()} has no GPU kernels for {named}: its CUDA wheels "
-                          f"carry machine code for compute capability 5.0 to 8.6 only (sm_50, 60, 70, 80, 86) and "
-                          f"no PTX. {WHAT_TO_DO[0].upper()}{WHAT_TO_DO[1:]}.")
+        raise ConfigError(f"MXNet ({wheel}) cannot run on {named}: the MXNet 1.9.1 CUDA wheels carry machine code "
+                          f"for compute capability 5.0 to 8.6 only (sm_50, 60, 70, 80, 86) and no PTX. "
+                          f"{WHAT_TO_DO[0].upper()}{WHAT_TO_DO[1:]}.")
+
+
+def mxnet_cuda_wheel() -> str:
+    """'mxnet-cu112==1.9.1' (say) when MXNet is one of the registry's CUDA wheels, else ''."""
+    from importlib import metadata
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("mxnet-cu"):
+            return f"{name}=={dist.version}"
+    return ""
 
 
 def choose_context(kind: str, local_rank: int, gpus: "list | None" = None):

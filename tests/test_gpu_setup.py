@@ -183,12 +183,16 @@ def test_start_check_names_the_gpu_its_capability_and_what_to_do(tmp_path, monke
     bin_dir = tmp_path / "bin"
     monkeypatch.setenv("PATH", f"{bin_dir}:{system_path()}")
     fake_nvidia_smi(bin_dir, [H100])
+    assert device.mxnet_cuda_wheel() == ""                # the test venv has the CPU wheel: nothing to refuse
+    device.check_compute_capability()
+    monkeypatch.setattr(device, "mxnet_cuda_wheel", lambda: "mxnet-cu112==1.9.1")
     with pytest.raises(ConfigError) as error:
         device.check_compute_capability()
     message = str(error.value)
-    for part in ("NVIDIA H100 80GB HBM3", "compute capability 9.0", "8.6", "no PTX", "built from source",
-                 "sm_90", "--context cpu"):
+    for part in ("mxnet-cu112==1.9.1", "NVIDIA H100 80GB HBM3", "compute capability 9.0", "8.6", "no PTX",
+                 "built from source", "sm_90", "--context cpu"):
         assert part in message, (part, message)
+    device.check_compute_capability(wheel="")             # an MXNet built from source: not refused
 
     fake_nvidia_smi(bin_dir, [A100])
     device.check_compute_capability()                     # supported: nothing to say
@@ -201,6 +205,7 @@ def test_start_check_names_the_gpu_its_capability_and_what_to_do(tmp_path, monke
 def test_choose_context_on_a_machine_whose_mxnet_sees_gpus(monkeypatch):
     # MXNet's GPU count stands in; mx.gpu(i) itself touches no device
     monkeypatch.setattr(mx.context, "num_gpus", lambda: 2)
+    monkeypatch.setattr(device, "mxnet_cuda_wheel", lambda: "mxnet-cu112==1.9.1")
     a100 = [("NVIDIA A100-SXM4-80GB", (8, 0))]
     assert device.choose_context("auto", 3, gpus=a100) == mx.gpu(1)
     assert device.choose_context("gpu", 0, gpus=a100) == mx.gpu(0)
