@@ -71,7 +71,9 @@ gpu_plan() {
     fi
 
     if [ ${#unsupported[@]} -gt 0 ]; then
-        echo "[setup] no MXNet kernels for ${unsupported[*]}: the MXNet 1.9.1 CUDA wheels carry machine code" \
+        local joined
+        joined="$(printf '%s, ' "${unsupported[@]}")"
+        echo "[setup] no MXNet kernels for ${joined%, }: the MXNet 1.9.1 CUDA wheels carry machine code" \
              "for compute capability 5.0-$MAX_CC only (sm_50, 60, 70, 80, 86) and no PTX. Training on this GPU needs" \
              "MXNet built from source with CUDA 11.8+ or 12 for its architecture (sm_90 for 9.0), or a GPU of" \
              "compute capability $MAX_CC or lower."
@@ -114,7 +116,7 @@ gpu_plan() {
     fi
     echo "[setup] plan: mxnet package: $MXNET_PACKAGE"
     if [ "$CUDA_LIBS" = 1 ]; then
-        echo "[setup] plan: CUDA libraries: $(grep -E '^nvidia-' "$GPU_REQS" | sed 's/[[:space:]].*//' | tr '\n' ' ')"
+        echo "[setup] plan: CUDA libraries: $(grep -E '^nvidia-' "$GPU_REQS" | sed 's/[[:space:]].*//' | paste -sd' ')"
         if [ -n "$NVCC" ]; then
             echo "[setup] plan: horovod: built with CUDA and NCCL (nvcc: $NVCC, CUDA ${version:-?}; NCCL from nvidia-nccl-cu11)"
         else
