@@ -21,5 +21,8 @@ export MXNET_ENGINE_TYPE="${MXNET_ENGINE_TYPE:-ThreadedEnginePerDevice}"
 export HOROVOD_CYCLE_TIME="${HOROVOD_CYCLE_TIME:-1}"
 export HOROVOD_FUSION_THRESHOLD="${HOROVOD_FUSION_THRESHOLD:-67108864}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::DeprecationWarning}"
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# The CUDA libraries of a GPU install (requirements-gpu.txt), which the MXNet CUDA wheels load
+# by name; nothing on a CPU install.
+CUDA_LIBS="$(bash "$REPO/setup-utils/cuda-libs.sh" "$PYTHON")"
+if [[ -n "$CUDA_LIBS" ]]; then export LD_LIBRARY_PATH="$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 exec "$PYTHON" -m mxnet_pfc.train "$@"

@@ -5,15 +5,28 @@ import signal
 import subprocess
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 
 
+@lru_cache(maxsize=None)
+def installed_package() -> str:
+    """The mxnet_pfc this interpreter imports outside the repository, without PYTHONPATH ('' if none)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-c", "import importlib.util as u; s = u.find_spec('mxnet_pfc'); "
+                           "print(s.origin if s else '')"], cwd="/", env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def rank_env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # The package is installed (make setup: editable); ranks started as `python tests/worker.py` import that.
+    # A venv shared by several checkouts has it from one of them: then this checkout's goes first.
+    if installed_package() != str(REPO / "mxnet_pfc" / "__init__.py"):
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")     # several ranks share 2 cores
     env["MXNET_OMP_MAX_THREADS"] = env["OMP_NUM_THREADS"]
     env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"

@@ -104,7 +104,7 @@ def test_check_command_names_every_damaged_jpeg(tmp_path, capsys):
     assert "8 image records, 3 classes: sound" in capsys.readouterr().out
     offsets = damage_records(tmp_path, payloads, list(DAMAGE))
     proc = subprocess.run([sys.executable, "-m", "mxnet_pfc.data.check", str(tmp_path)], cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     for key in DAMAGE:
         assert (f"train.rec: record {key} (byte {offsets[key]}) has damaged JPEG data (libjpeg: Corrupt JPEG data: "
