@@ -203,6 +203,15 @@ class RankFailedError(PfcError, RuntimeError):
     """Another rank failed (its message is in this one); this rank stops with it."""
 
 
+def horovod_gpu_build() -> "tuple[bool, int]":
+    """(built with CUDA, NCCL version code or 0) of the installed Horovod: build flags only, no collective."""
+    try:
+        import horovod.mxnet as hvd
+    except ImportError:
+        return False, 0
+    return bool(hvd.cuda_built()), int(hvd.nccl_built())
+
+
 def shutdown() -> None:
     """Stop Horovod's background thread after the last collective, before the interpreter exits.
 

@@ -135,24 +135,21 @@ def choose_context(kind: str, local_rank: int, gpus: "list | None" = None):
     return mx.gpu(local_rank % count)
 
 
-def horovod_gpu_support(hvd=None) -> "tuple[bool, int]":
-    """(built with CUDA, NCCL version code or 0) of the installed Horovod; build flags only, no collective."""
-    if hvd is None:
-        import horovod.mxnet as hvd
-    return bool(hvd.cuda_built()), int(hvd.nccl_built())
-
-
-def check_horovod_gpu(ctx, distributed: bool, hvd=None) -> None:
+def check_horovod_gpu(ctx, distributed: bool, horovod_build: "tuple[bool, int] | None" = None) -> None:
     """Before the first step: whether Horovod can reduce this rank's GPU arrays.
 
     Horovod built without CUDA refuses GPU arrays (ConfigError here instead of an
     error inside the first allreduce); built with CUDA but without NCCL it copies
     them through host memory (a warning: it works, slowly). Nothing to check on
     the CPU, or without a launcher (a world of one calls no collective).
+    `horovod_build` is comm.horovod_gpu_build()'s (cuda, nccl), read when not given.
     """
     if ctx.device_type != "gpu" or not distributed:
         return
-    cuda, nccl = horovod_gpu_support(hvd)
+    if horovod_build is None:
+        from . import comm
+        horovod_build = comm.horovod_gpu_build()
+    cuda, nccl = horovod_build
     if not cuda:
         raise ConfigError("context = gpu with several ranks, but Horovod was built without CUDA and cannot take "
                           "GPU arrays: install a CUDA toolkit (nvcc) and run make setup again (it then builds "

@@ -232,23 +232,19 @@ def test_choose_context_when_mxnet_sees_no_gpu(monkeypatch, caplog):
     assert "training on the CPU: MXNet sees no GPU (nvidia-smi lists NVIDIA H100 80GB HBM3" in caplog.text
 
 
-def fake_hvd(cuda, nccl):
-    return types.SimpleNamespace(cuda_built=lambda: cuda, nccl_built=lambda: nccl)
-
-
 def test_horovod_check_before_the_first_gpu_step(caplog):
     with pytest.raises(ConfigError, match="Horovod was built without CUDA"):
-        device.check_horovod_gpu(mx.gpu(0), distributed=True, hvd=fake_hvd(False, 0))
+        device.check_horovod_gpu(mx.gpu(0), distributed=True, horovod_build=(False, 0))
     with caplog.at_level("WARNING", logger="mxnet_pfc.device"):
-        device.check_horovod_gpu(mx.gpu(0), distributed=True, hvd=fake_hvd(True, 0))
+        device.check_horovod_gpu(mx.gpu(0), distributed=True, horovod_build=(True, 0))
     assert "without NCCL" in caplog.text and "host memory" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="mxnet_pfc.device"):
-        device.check_horovod_gpu(mx.gpu(0), distributed=True, hvd=fake_hvd(True, 22105))
-        device.check_horovod_gpu(mx.cpu(), distributed=True, hvd=fake_hvd(False, 0))
-        device.check_horovod_gpu(mx.gpu(0), distributed=False, hvd=fake_hvd(False, 0))
+        device.check_horovod_gpu(mx.gpu(0), distributed=True, horovod_build=(True, 22105))
+        device.check_horovod_gpu(mx.cpu(), distributed=True, horovod_build=(False, 0))
+        device.check_horovod_gpu(mx.gpu(0), distributed=False, horovod_build=(False, 0))
     assert caplog.text == ""
-    cuda, nccl = device.horovod_gpu_support()               # the installed Horovod's build flags
+    cuda, nccl = comm.horovod_gpu_build()               # the installed Horovod's build flags
     assert isinstance(cuda, bool) and isinstance(nccl, int)
 
 
