@@ -41,7 +41,7 @@ def read_face(path: str, size: int = 112, resize: bool = False) -> np.ndarray:
     try:
         face = decode_face(read_file(path), path, size, resize)
     except WrongSize as error:
-        raise EmbedError(f"{error} (--resize to resize it anyway)") from None
+        raise EmbedError(f"{error}, or pass --resize") from None
     except ImageError as error:
         raise EmbedError(str(error)) from None
     return face.transpose(2, 0, 1).astype(np.float32)

@@ -18,7 +18,7 @@ A problem raises ImageError (DamagedJPEG and WrongSize are kinds of it) whose
 message starts with the source the caller named: a file path,
 "train.rec: record 7 (byte 5568)" or "lfw.bin: image 3 (pair 1)". Each caller
 re-raises it as its own error class (DataError, BinFormatError, EmbedError),
-adding a hint where it has one (--resize).
+adding ", or pass --resize" to the size message where it has that option.
 
 It is a module of its own, not part of records.py, because three of its callers
 have nothing to do with RecordIO, and it needs no MXNet.
@@ -92,7 +92,7 @@ def fit_size(image: np.ndarray, source: str, size: "int | tuple[int, int]" = FAC
     if image.shape[:2] == (height, width):
         return image
     if not resize:
-        raise WrongSize(f"{source} is {image.shape[1]}x{image.shape[0]}, expected an aligned {width}x{height} face")
+        raise WrongSize(f"{source} is {image.shape[1]}x{image.shape[0]}, expected {width}x{height} (an aligned face)")
     return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
 
 

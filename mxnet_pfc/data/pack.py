@@ -53,7 +53,7 @@ def load_image(path: str, size: int, resize: bool) -> bytes:
             return raw                   # stored as it is: no re-encoding
         face = fit_size(image, path, size, resize)
     except WrongSize as error:
-        raise DataError(f"{error} (or pass --resize)") from None
+        raise DataError(f"{error}, or pass --resize") from None
     except ImageError as error:
         raise DataError(str(error)) from None
     ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(face, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 95])
