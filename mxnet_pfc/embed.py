@@ -19,12 +19,12 @@ import json
 import os
 import sys
 
-import cv2
 import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
 from .checkpoint import CheckpointError
+from .data.faces import ImageError, WrongSize, decode_face, read_file
 from .data.pack import IMAGE_SUFFIXES, list_identities
 from .data.records import DataError
 from .errors import PfcError
@@ -37,16 +37,14 @@ class EmbedError(PfcError, ValueError):
 
 
 def read_face(path: str, size: int = 112, resize: bool = False) -> np.ndarray:
-    """RGB float32 (3, size, size), 0..255; a clear error for unreadable or wrongly sized images."""
-    image = cv2.imread(path, cv2.IMREAD_COLOR)
-    if image is None:
-        raise EmbedError(f"{path}: cannot read it as an image (missing, unreadable or not an image file)")
-    if image.shape[:2] != (size, size):
-        if not resize:
-            raise EmbedError(f"{path}: {image.shape[1]}x{image.shape[0]}, expected an aligned {size}x{size} face "
-                             "(--resize to resize it anyway)")
-        image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
-    return image[:, :, ::-1].transpose(2, 0, 1).astype(np.float32)
+    """RGB float32 (3, size, size), 0..255, decoded by data.faces (strict); other sizes refused unless resize."""
+    try:
+        face = decode_face(read_file(path), path, size, resize)
+    except WrongSize as error:
+        raise EmbedError(f"{error}, or pass --resize") from None
+    except ImageError as error:
+        raise EmbedError(str(error)) from None
+    return face.transpose(2, 0, 1).astype(np.float32)
 
 
 def image_paths(inputs: "list[str]") -> "list[str]":

@@ -123,14 +123,14 @@ def test_training_iterator_stops_on_the_damaged_record(tmp_path):
 
 
 def test_decode_is_strict_and_gives_opencvs_pixels(tmp_path):
-    """Sound records (JPEG and PNG) decode to cv2.imdecode's BGR pixels exactly; a damaged one raises."""
+    """Sound records (JPEG and PNG) decode to cv2.imdecode's pixels exactly, in RGB order; a damaged one raises."""
     payloads = write_set(tmp_path)
     rec = str(tmp_path / "train.rec")
     reader, records = open_records(rec)
     for key in records.image_records.tolist():
         raw = reader.read_idx(key)
         image, label = decode_image_record(raw, key, reader.idx[key], rec, 3, (112, 112))
-        expected = cv2.imdecode(np.frombuffer(payloads[key], np.uint8), cv2.IMREAD_COLOR)
+        expected = cv2.imdecode(np.frombuffer(payloads[key], np.uint8), cv2.IMREAD_COLOR)[:, :, ::-1]
         assert image.dtype == np.uint8 and image.shape == (112, 112, 3) and np.array_equal(image, expected)
         assert label == mx.recordio.unpack(raw)[0].label
     reader.close()
@@ -157,11 +157,11 @@ def exif_orientation(jpeg: bytes, orientation: int) -> bytes:
 
 @pytest.mark.parametrize("orientation", [1, 3, 6])
 def test_exif_orientation_is_applied_as_opencv_does(orientation):
-    """cv2.imdecode turns a JPEG by its EXIF orientation tag: the pixels stay cv2's."""
+    """cv2.imdecode turns a JPEG by its EXIF orientation tag: the pixels stay cv2's (in RGB order)."""
     jpeg = exif_orientation(encode(faces(1)[0], ".jpg"), orientation)
     expected = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
     plain = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     assert np.array_equal(expected, plain) == (orientation == 1)
     raw = mx.recordio.pack(mx.recordio.IRHeader(0, 0.0, 1, 0), jpeg)
     image, _ = decode_image_record(raw, 1, 0, "train.rec", 1, (112, 112))
-    assert np.array_equal(image, expected)
+    assert np.array_equal(image, expected[:, :, ::-1])

@@ -224,7 +224,7 @@ def test_pack_tool_writes_a_set_the_iterator_reads(tmp_path):
 def test_pack_tool_refuses_wrong_sizes_unless_resizing(tmp_path, capsys):
     make_faces(tmp_path / "faces", sizes=(112, 96, 112))
     assert pack.main([str(tmp_path / "faces"), str(tmp_path / "out")]) == 1
-    assert "96x96, expected aligned 112x112" in capsys.readouterr().err
+    assert "is 96x96, expected 112x112 (an aligned face), or pass --resize" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out" / "train.rec")            # nothing half-written
     assert pack.main([str(tmp_path / "faces"), str(tmp_path / "out"), "--resize"]) == 0
     assert pack.main([str(tmp_path / "empty"), str(tmp_path / "out2")]) == 1

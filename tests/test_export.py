@@ -133,8 +133,9 @@ def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
     (tmp_path / "notes.jpg").write_text("not an image")
     cv2.imwrite(str(tmp_path / "big.png"), np.zeros((200, 150, 3), np.uint8))
     cases = [
-        (["mxnet_pfc.embed", run, tmp_path / "notes.jpg"], "notes.jpg: cannot read it as an image"),
-        (["mxnet_pfc.embed", run, tmp_path / "big.png"], "big.png: 150x200, expected an aligned 112x112 face"),
+        (["mxnet_pfc.embed", run, tmp_path / "notes.jpg"], "notes.jpg does not decode as an image"),
+        (["mxnet_pfc.embed", run, tmp_path / "big.png"],
+         "big.png is 150x200, expected 112x112 (an aligned face), or pass --resize"),
         (["mxnet_pfc.embed", tmp_path / "nowhere", tmp_path / "big.png"], "nowhere: no model there"),
         (["mxnet_pfc.embed", run / "checkpoints" / "step-00000006", "--pair", tmp_path / "big.png",
           tmp_path / "big.png"], "no threshold: pass --threshold"),

@@ -6,8 +6,8 @@ Training stops at the first bad record it meets, which may be days in; this
 finds them all in one pass: the index and file size (as at training start),
 then each image record's RecordIO header, label range and decoding (a JPEG
 strictly, as in training: libjpeg's `Corrupt JPEG data` warnings, which OpenCV
-only prints, make it a damaged record). The class
-count comes from DATA/property unless --num-classes is given. Exit status 0
+only prints, make it a damaged record). The class count is --num-classes, else
+DATA/property, else the header record (as in training). Exit status 0
 when the set is sound, 1 when anything is wrong (each problem listed).
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from .records import DataError, decode_image_record, open_records, read_property, read_record
+from .iterators import count_classes
+from .records import DataError, decode_image_record, open_records, read_record
 
 
 def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]", threads: int = 4,
@@ -65,14 +66,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxnet_pfc.data.check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", help="the set's folder (with train.rec, train.idx, property) or its .rec file")
-    p.add_argument("--num-classes", type=int, help="class count (default: from the folder's property file)")
+    p.add_argument("--num-classes", "--num_classes", type=int,      # the spelling count_classes' message gives
+                   help="class count (default: the folder's property file, else the header record)")
     p.add_argument("--image-size", type=int, default=112, help="expected width and height (default 112)")
     p.add_argument("--threads", type=int, default=4, help="decoding threads (default 4)")
     p.add_argument("--show", type=int, default=20, help="problems listed in full (default 20; all are counted)")
     args = p.parse_args(argv)
     rec = args.data if args.data.endswith(".rec") else os.path.join(args.data, "train.rec")
     try:
-        num_classes = args.num_classes or read_property(os.path.dirname(rec) or ".")[0]
+        num_classes = args.num_classes or count_classes(rec)
         total, problems = check_records(rec, num_classes, (args.image_size, args.image_size), args.threads)
     except DataError as error:
         print(f"{rec}: cannot be used: {error}", file=sys.stderr)

@@ -65,8 +65,8 @@ def epoch_order(num_images: int, batch_size: int, rank: int, world_size: int, se
 class RecordIter:
     """This rank's shard of an InsightFace RecordIO set, decoded in background threads.
 
-    A producer thread reads raw records in order and hands the decoding (OpenCV,
-    which releases the GIL) to a pool of `threads`; up to `prefetch` decoded
+    A producer thread reads raw records in order and hands the decoding
+    (faces.decode_face) to a pool of `threads`; up to `prefetch` decoded
     batches wait in a queue, so the training loop does not wait when decoding
     keeps up. Images are RGB, randomly mirrored when rand_mirror.
     """
@@ -102,8 +102,7 @@ class RecordIter:
         record, raw, mirror = args
         image, label = decode_image_record(raw, record, self.reader.idx[record], self.records.rec_path,
                                            self.num_classes, self.image_size)
-        image = image[:, ::-1, ::-1] if mirror else image[:, :, ::-1]        # BGR -> RGB (and mirror)
-        return image, label
+        return (image[:, ::-1] if mirror else image), label        # already RGB; the mirror is a view
 
     def _produce(self, epoch: int, skip: int) -> None:
         """Batches from step `skip` of `epoch` on (a resumed run skips what it has done)."""

@@ -6,6 +6,7 @@ FACES/ holds one sub-folder per identity (sorted names -> class ids 0, 1, ...)
 with aligned face images. OUT/ receives train.rec, train.idx, property and
 identities.txt (class id -> folder name). Images already 112x112 are stored as
 they are (no re-encoding); others are refused, or resized with --resize.
+Images are decoded as training decodes them (data.faces): a damaged JPEG is refused.
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
-import numpy as np
 from tqdm import tqdm
 
+from .faces import ImageError, WrongSize, decode_image, fit_size, read_file
 from .records import DataError, RecordWriter
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
@@ -41,19 +42,21 @@ def list_identities(root: str) -> "list[tuple[str, list[str]]]":
 
 
 def load_image(path: str, size: int, resize: bool) -> bytes:
-    """The bytes to store: the file itself when it decodes at size x size, else a resized JPEG."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    image = cv2.imdecode(np.frombuffer(raw, dtype=np.uint8), cv2.IMREAD_COLOR)
-    if image is None:
-        raise DataError(f"{path}: not a readable image")
-    if image.shape[:2] == (size, size):
-        return raw
-    if not resize:
-        raise DataError(f"{path}: {image.shape[1]}x{image.shape[0]}, expected aligned {size}x{size} faces "
-                        "(or pass --resize)")
-    ok, encoded = cv2.imencode(".jpg", cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA),
-                               [cv2.IMWRITE_JPEG_QUALITY, 95])
+    """The bytes to store: the file itself when it is a sound size x size image, else a resized JPEG.
+
+    Decoded by faces.decode_image, strictly as training will: a damaged JPEG is refused here.
+    """
+    try:
+        raw = read_file(path)
+        image = decode_image(raw, path)
+        if image.shape[:2] == (size, size):
+            return raw                   # stored as it is: no re-encoding
+        face = fit_size(image, path, size, resize)
+    except WrongSize as error:
+        raise DataError(f"{error}, or pass --resize") from None
+    except ImageError as error:
+        raise DataError(str(error)) from None
+    ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(face, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 95])
     return encoded.tobytes()
 
 

@@ -8,16 +8,14 @@ image); records first_identity_record .. end-1 describe one identity each
 from __future__ import annotations
 
 import os
-import re
 import struct
 from dataclasses import dataclass
 
-import cv2
 import mxnet as mx
 import numpy as np
-import simplejpeg
 
 from ..errors import PfcError
+from .faces import DamagedJPEG, ImageError, decode_face  # noqa: F401 (DamagedJPEG: its old home)
 
 
 class DataError(PfcError, ValueError):
@@ -126,7 +124,8 @@ def read_record(reader: mx.recordio.MXIndexedRecordIO, key: int, rec_path: str) 
 
 def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_classes: int,
                         image_size: "tuple[int, int]") -> "tuple[np.ndarray, float]":
-    """(BGR image, class id) of an image record; anything wrong is a DataError naming its position."""
+    """(RGB image, class id) of an image record (faces.decode_face: strict, no resize);
+    anything wrong is a DataError naming its position."""
     where = f"{rec_path}: record {key} (byte {offset})"
     try:
         header, payload = mx.recordio.unpack(raw)
@@ -136,42 +135,10 @@ def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_cl
     if not (0 <= label < num_classes and label == int(label)):
         raise DataError(f"{where} has label {label}, outside the classes [0, {num_classes})")
     try:
-        image = decode_image(payload)
-    except DamagedJPEG as error:
-        raise DataError(f"{where} has damaged JPEG data (libjpeg: {error})") from None
-    if image is None:
-        raise DataError(f"{where} does not decode as an image")
-    if image.shape[:2] != tuple(image_size):
-        raise DataError(f"{where} is {image.shape[1]}x{image.shape[0]}, expected {image_size[1]}x{image_size[0]}")
+        image = decode_face(payload, where, image_size)
+    except ImageError as error:
+        raise DataError(str(error)) from None
     return image, label
-
-
-class DamagedJPEG(PfcError, ValueError):
-    """libjpeg reported a JPEG as damaged (its message is the text)."""
-
-
-def decode_image(payload: bytes) -> "np.ndarray | None":
-    """BGR uint8 (H, W, 3) pixels of an encoded image, None when it is not one.
-
-    JPEGs are decoded strictly: libjpeg's warnings (`Corrupt JPEG data: ...`,
-    `Premature end of JPEG file`), which cv2.imdecode prints on stderr while it
-    returns the damaged picture, raise DamagedJPEG, as do its fatal errors. The
-    decoder is libjpeg-turbo through simplejpeg (its pixels equal cv2.imdecode's:
-    the same integer DCT and upsampling). Other formats (PNG) go through cv2.imdecode.
-    """
-    if payload[:2] != b"\xff\xd8":
-        if not payload:
-            return None
-        return cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR)
-    try:
-        image = simplejpeg.decode_jpeg(payload, colorspace="BGR", strict=True)
-    except ValueError as error:
-        raise DamagedJPEG(re.sub(r"^tj\w+\(\): ", "", str(error))) from None
-    if b"Exif\0\0" in payload:
-        # cv2.imdecode turns the image by an EXIF orientation tag, simplejpeg does not:
-        # keep cv2's pixels for these (the data was checked above)
-        image = cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR)
-    return image
 
 
 def image_label(header: mx.recordio.IRHeader) -> float:

@@ -16,11 +16,11 @@ import pickle
 import sys
 from dataclasses import dataclass
 
-import cv2
 import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
+from ..data.faces import ImageError, decode_face
 from ..errors import PfcError
 from ..inference import Embedder
 
@@ -38,7 +38,10 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 
 def load_bin(path: str, image_size: int = 112) -> "tuple[np.ndarray, np.ndarray]":
-    """(images float32 (2P, 3, H, W) RGB 0..255, issame bool (P,)) from a .bin pair set."""
+    """(images float32 (2P, 3, H, W) RGB 0..255, issame bool (P,)) from a .bin pair set.
+
+    Images are decoded by data.faces.decode_face (strict, RGB), resized when not image_size square.
+    """
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -56,12 +59,11 @@ def load_bin(path: str, image_size: int = 112) -> "tuple[np.ndarray, np.ndarray]
         raise BinFormatError(f"{path}: expected {2 * len(issame)} images for {len(issame)} booleans, got {len(bins)}")
     images = np.empty((len(bins), 3, image_size, image_size), dtype=np.float32)
     for i, encoded in enumerate(bins):
-        image = cv2.imdecode(np.frombuffer(encoded, dtype=np.uint8), cv2.IMREAD_COLOR)
-        if image is None:
-            raise BinFormatError(f"{path}: image {i} does not decode")
-        if image.shape[:2] != (image_size, image_size):
-            image = cv2.resize(image, (image_size, image_size))
-        images[i] = image[:, :, ::-1].transpose(2, 0, 1)
+        try:      # strict, RGB; other sizes are resized, as InsightFace's loader does
+            face = decode_face(encoded, f"{path}: image {i} (pair {i // 2})", image_size, resize=True)
+        except ImageError as error:
+            raise BinFormatError(str(error)) from None
+        images[i] = face.transpose(2, 0, 1)
     return images, np.asarray(issame, dtype=bool)
 
 

@@ -1,0 +1,105 @@
+"""The one decoder of face images, for all four places that read them.
+
+The training iterator (and the check command) decode RecordIO payloads, the
+verification loader decodes the images of a .bin pair set, the packing tool
+decodes its input files and the embed command the files it is given. All of
+them call `decode_face` (pack calls its two halves), so a face is decoded,
+coloured, sized and refused the same way everywhere.
+
+What comes out: RGB uint8 pixels (H, W, 3), C-contiguous, 0..255 -- the
+order the networks take (the callers only transpose to (3, H, W) and, for
+training, mirror). Faces are aligned size x size crops (112 by default).
+An image of another size is refused unless the caller asks for a resize
+(INTER_AREA): the iterator, the check command and pack without --resize
+refuse; embed refuses unless --resize; the verification loader always resizes,
+as InsightFace's loader does.
+
+A problem raises ImageError (DamagedJPEG and WrongSize are kinds of it) whose
+message starts with the source the caller named: a file path,
+"train.rec: record 7 (byte 5568)" or "lfw.bin: image 3 (pair 1)". Each caller
+re-raises it as its own error class (DataError, BinFormatError, EmbedError),
+adding ", or pass --resize" to the size message where it has that option.
+
+It is a module of its own, not part of records.py, because three of its callers
+have nothing to do with RecordIO, and it needs no MXNet.
+"""
+from __future__ import annotations
+
+import re
+
+import cv2
+import numpy as np
+import simplejpeg
+
+from ..errors import PfcError
+
+FACE_SIZE = 112       # side of an aligned face crop, in pixels, unless configured otherwise
+
+
+class ImageError(PfcError, ValueError):
+    """An image that cannot be used as a face; the message starts with its source."""
+
+
+class DamagedJPEG(ImageError):
+    """libjpeg reported a JPEG as damaged (its message is quoted)."""
+
+
+class WrongSize(ImageError):
+    """A sound image that is not size x size, when no resize was asked for."""
+
+
+def decode_face(payload: bytes, source: str, size: "int | tuple[int, int]" = FACE_SIZE,
+                resize: bool = False) -> np.ndarray:
+    """RGB uint8 (height, width, 3) pixels of an encoded face; ImageError naming `source` if it is not one.
+
+    `size` is the side, or (height, width); an image of another size is resized
+    when `resize`, else refused with WrongSize.
+    """
+    return fit_size(decode_image(payload, source), source, size, resize)
+
+
+def decode_image(payload: bytes, source: str) -> np.ndarray:
+    """RGB uint8 (H, W, 3) pixels of an encoded image of any size; ImageError naming `source` if it is not one.
+
+    JPEGs are decoded strictly: libjpeg's warnings (`Corrupt JPEG data: ...`,
+    `Premature end of JPEG file`), which cv2.imdecode prints on stderr while it
+    returns the damaged picture, raise DamagedJPEG, as do its fatal errors. The
+    decoder is libjpeg-turbo through simplejpeg (its pixels equal cv2.imdecode's:
+    the same integer DCT and upsampling), asked for RGB directly so that no
+    channel swap is needed. Other formats (PNG, BMP) go through cv2.imdecode,
+    whose BGR is swapped in place.
+    """
+    if payload[:2] == b"\xff\xd8":
+        try:
+            image = simplejpeg.decode_jpeg(payload, colorspace="RGB", strict=True)
+        except ValueError as error:
+            libjpeg = re.sub(r"^tj\w+\(\): ", "", str(error))
+            raise DamagedJPEG(f"{source} has damaged JPEG data (libjpeg: {libjpeg})") from None
+        if b"Exif\0\0" not in payload:
+            return image
+        # cv2.imdecode turns the image by an EXIF orientation tag, simplejpeg does not:
+        # keep cv2's pixels for these (the data was checked above)
+    image = cv2.imdecode(np.frombuffer(payload, dtype=np.uint8), cv2.IMREAD_COLOR) if len(payload) else None
+    if image is None:
+        raise ImageError(f"{source} does not decode as an image")
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
+
+
+def fit_size(image: np.ndarray, source: str, size: "int | tuple[int, int]" = FACE_SIZE,
+             resize: bool = False) -> np.ndarray:
+    """The image when it is size x size (int, or (height, width)); else resized, or refused with WrongSize."""
+    height, width = (size, size) if isinstance(size, int) else size
+    if image.shape[:2] == (height, width):
+        return image
+    if not resize:
+        raise WrongSize(f"{source} is {image.shape[1]}x{image.shape[0]}, expected {width}x{height} (an aligned face)")
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+
+
+def read_file(path: str) -> bytes:
+    """A file's bytes; ImageError naming it when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as error:
+        raise ImageError(f"{path} cannot be read: {error.strerror or error}") from None
