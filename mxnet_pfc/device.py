@@ -159,14 +159,6 @@ def check_horovod_gpu(ctx, distributed: bool, horovod_build: "tuple[bool, int] |
                     "host memory (slow). make setup on a machine with a CUDA toolkit builds it with NCCL")
 
 
-def _mxnet_version() -> str:
-    try:
-        import mxnet as mx
-        return mx.__version__
-    except Exception:
-        return "1.9.1"
-
-
 def _mxnet_has_cuda() -> bool:
     try:
         import mxnet as mx

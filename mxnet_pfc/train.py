@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 import symbols
 
-from . import checkpoint, comm, logs, run_lock, seeding, stops
+from . import checkpoint, comm, device, logs, run_lock, seeding, stops
 from . import config as config_lib
 from . import resume as resume_lib
 from .data import synthetic
@@ -44,16 +44,6 @@ from .partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 from .run_plan import RunPlan, make_plan, resolve_config
 
 log = logging.getLogger(logs.ROOT_LOGGER)
-
-
-def choose_context(kind: str) -> mx.Context:
-    """GPU local_rank when there are GPUs (or when asked), else the CPU."""
-    gpus = mx.context.num_gpus()
-    if kind == "gpu" and gpus == 0:
-        raise config_lib.ConfigError("context = gpu, but MXNet sees no GPU")
-    if kind == "cpu" or gpus == 0:
-        return mx.cpu()
-    return mx.gpu(comm.local_rank() % gpus)
 
 
 @dataclass(frozen=True)
@@ -75,7 +65,8 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
     if cfg.rec and cfg.synthetic_identities > 0:
         synthetic.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
                          cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs, comm.local_rank())
-    ctx = choose_context(cfg.context)
+    ctx = device.choose_context(cfg.context, comm.local_rank())
+    device.check_horovod_gpu(ctx, comm.is_distributed())
     if cfg.fp16 and ctx.device_type != "gpu":
         raise config_lib.ConfigError("fp16 = True needs a GPU context (MXNet has no fast float16 convolutions on CPU)")
     image_shape = (cfg.image_size, cfg.image_size)

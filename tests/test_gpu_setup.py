@@ -9,7 +9,6 @@ site-packages/nvidia tree. None of this ran on a GPU.
 import os
 import subprocess
 import sys
-import types
 import zipfile
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import mxnet as mx
 import pytest
 
 from launch import REPO
-from mxnet_pfc import device
+from mxnet_pfc import comm, device
 from mxnet_pfc.config import ConfigError
 
 H100 = ("NVIDIA H100 80GB HBM3", "9.0")

@@ -1,4 +1,4 @@
-"""The InsightFace RecordIO layout (DESIGN.md section 3): writing and reading its index.
+"""The InsightFace RecordIO layout (docs/DESIGN.md section 3.1): writing and reading its index.
 
 Record 0 is a header with label (first_identity_record, end). Records
 1 .. first_identity_record-1 are images (label = class id, payload = encoded

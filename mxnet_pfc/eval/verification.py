@@ -1,4 +1,4 @@
-"""Face verification on InsightFace .bin pair sets (DESIGN.md section 3).
+"""Face verification on InsightFace .bin pair sets (docs/DESIGN.md section 3.2).
 
 Each image and its horizontal flip are embedded; the two embeddings are added
 and L2-normalised. A pair is "same" when the squared distance between its

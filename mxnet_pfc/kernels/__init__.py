@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 
 import mxnet as mx
-import numpy as np
 
 nd = mx.nd
 log = logging.getLogger(__name__)
