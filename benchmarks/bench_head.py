@@ -21,14 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import mxnet as mx
+import numpy as np
+from tqdm import tqdm
 
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from mxnet_pfc import CombinedMarginLoss, PartialFC, comm, margin  # noqa: E402
-from mxnet_pfc.plan import head_memory  # noqa: E402
+from mxnet_pfc import CombinedMarginLoss, PartialFC, comm, margin
+from mxnet_pfc.plan import head_memory
 
 nd = mx.nd
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from mxnet_pfc import comm, train  # noqa: E402
-from mxnet_pfc.partial_fc import PartialFC  # noqa: E402
+from mxnet_pfc import comm, train
+from mxnet_pfc.partial_fc import PartialFC
 
 
 def emulate_half_storage(report_every: int) -> None:
