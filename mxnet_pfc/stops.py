@@ -20,10 +20,15 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
+import traceback
 import zlib
 
+import mxnet as mx
+
 from . import comm
+from .errors import PfcError
 from .run_lock import boot_id
 
 log = logging.getLogger("mxnet_pfc")
@@ -136,3 +141,36 @@ def watch_signals() -> None:
                 comm.abort(128 + signum)
 
     threading.Thread(target=wait, daemon=True, name="signals").start()
+
+
+def stop_on_error(error: Exception) -> int:
+    """End this rank after `error`, saying what really happened; returns the exit code (1).
+
+    A lost peer is reported with the cause other ranks recorded, if any; the
+    project's own errors (PfcError), the system's (OSError, MemoryError) and
+    MXNet's are one line; anything else is a defect of ours, reported with its
+    traceback. A rank of a distributed job exits at once (comm.abort).
+    """
+    lost = isinstance(error, comm.LostRankError) or comm.lost_peer(error)
+    expected = lost or isinstance(error, (PfcError, OSError, MemoryError, mx.base.MXNetError))
+    if not expected:            # the traceback, and every rank told which rank
+        record_failure(f"{type(error).__name__}: {error} (an unexpected error: see rank {comm.rank()}'s log)")
+        log.exception(f"stopping on an unexpected error: {type(error).__name__}: {error}")
+        if not log.handlers:
+            traceback.print_exc()
+        comm.abort(1)
+    if lost:
+        contact = str(error) if isinstance(error, comm.LostRankError) else comm.lost_peer_message()
+        cause = other_rank_cause()
+        error = comm.LostRankError(f"{cause} ({contact})" if cause else contact)
+    elif not isinstance(error, comm.RankFailedError):
+        record_failure(f"{type(error).__name__}: {error}")     # for the ranks the launcher ends next
+    hint = "; resume with --resume latest" if lost else ""
+    log.error(f"stopping: {error}{hint}")
+    # on a line of its own: rank 0's progress bar may hold the current one
+    print(f"\nrank {comm.rank()}: {type(error).__name__}: {error}{hint}", file=sys.stderr)
+    if lost or comm.is_distributed():
+        # MXNet's and Horovod's exit handlers would wait on a failed collective, or raise
+        # ("Horovod has been shut down") once another rank has stopped
+        comm.abort(1)
+    return 1

@@ -18,7 +18,6 @@ import logging
 import os
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 
 import mxnet as mx
@@ -31,7 +30,6 @@ from . import config as config_lib
 from . import resume as resume_lib
 from .data import synthetic
 from .data.iterators import DummyIter, RecordIter
-from .errors import PfcError
 from .eval.verification import Verifier
 from .export import export_model
 from .files import write_json
@@ -300,29 +298,7 @@ def main(argv=None) -> int:
         train(cfg)
         comm.shutdown()
     except Exception as error:
-        lost = isinstance(error, comm.LostRankError) or comm.lost_peer(error)
-        expected = lost or isinstance(error, (PfcError, OSError, MemoryError, mx.base.MXNetError))
-        if not expected:            # a defect of ours: the traceback, and every rank told which rank
-            stops.record_failure(f"{type(error).__name__}: {error} (an unexpected error: see rank {comm.rank()}'s log)")
-            log.exception(f"stopping on an unexpected error: {type(error).__name__}: {error}")
-            if not log.handlers:
-                traceback.print_exc()
-            comm.abort(1)
-        if lost:
-            contact = str(error) if isinstance(error, comm.LostRankError) else comm.lost_peer_message()
-            cause = stops.other_rank_cause()
-            error = comm.LostRankError(f"{cause} ({contact})" if cause else contact)
-        elif not isinstance(error, comm.RankFailedError):
-            stops.record_failure(f"{type(error).__name__}: {error}")     # for the ranks the launcher ends next
-        hint = "; resume with --resume latest" if lost else ""
-        log.error(f"stopping: {error}{hint}")
-        # on a line of its own: rank 0's progress bar may hold the current one
-        print(f"\nrank {comm.rank()}: {type(error).__name__}: {error}{hint}", file=sys.stderr)
-        if lost or comm.is_distributed():
-            # MXNet's and Horovod's exit handlers would wait on a failed collective, or raise
-            # ("Horovod has been shut down") once another rank has stopped
-            comm.abort(1)
-        return 1
+        return stops.stop_on_error(error)
     return 0
 
 
