@@ -53,6 +53,11 @@ __all__ = ["CheckpointError", "BackboneSnapshot", "take_snapshot", "save", "loca
            "step_dir", "check_compatible", "check_params", "load_backbone", "resume_position"]
 
 
+def aux_file(folder: str, rank: int) -> str:
+    """Rank `rank`'s own BatchNorm statistics in a checkpoint folder."""
+    return os.path.join(folder, f"aux-rank{rank:05d}.params")
+
+
 def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"step-{step:08d}")
 
@@ -185,7 +190,7 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
             raise CheckpointError(f"rank {rank} cannot see {tmp}, which rank 0 created: the output folder must be "
                                   "on a filesystem that every rank shares")
         written = bank.save(tmp)
-        aux = os.path.join(tmp, f"aux-rank{rank:05d}.params")
+        aux = aux_file(tmp, rank)
         mx.nd.save(aux, backbone.aux_params)
         written.append(aux)
         if rank == 0:
@@ -263,7 +268,7 @@ def load_backbone(path: str, rank: int, same_world: bool, average: bool = False)
     try:
         _, arg_params, aux_params = mx.model.load_checkpoint(
             os.path.join(path, "model-average" if average else "model"), 0)
-        own = os.path.join(path, f"aux-rank{rank:05d}.params")
+        own = aux_file(path, rank)
         if same_world and not average and os.path.exists(own):
             aux_params = mx.nd.load(own)
         elif not average:

@@ -236,6 +236,11 @@ def lost_peer(error: BaseException) -> bool:
     return _hvd is not None and any(sign in str(error) for sign in _LOST_PEER_SIGNS)
 
 
+def raised_by_horovod(error: BaseException) -> bool:
+    """Whether `error` is one of Horovod's own exceptions (HorovodInternalError ...): about the job, not a defect."""
+    return type(error).__module__.split(".")[0] == "horovod"
+
+
 def lost_peer_message() -> str:
     bounds = ", ".join(f"{name}={os.environ.get(name, '?')}" for name in FAULT_BOUNDS)
     return (f"lost contact with the other ranks: a collective failed because a rank died, froze or became "

@@ -56,11 +56,11 @@ class Config:
     dropout: float = 0.0
     fp16: bool = False
     # ---- head
-    loss: str = "arcface"
-    margin_s: float = 64.0
-    margin_m1: float = 1.0
-    margin_m2: float = 0.5
-    margin_m3: float = 0.0
+    loss: str = "arcface"              # its margins below, from margin.PRESETS
+    margin_s: float = margin.PRESETS["arcface"]["s"]
+    margin_m1: float = margin.PRESETS["arcface"]["m1"]
+    margin_m2: float = margin.PRESETS["arcface"]["m2"]
+    margin_m3: float = margin.PRESETS["arcface"]["m3"]
     sample_rate: float = 1.0
     # ---- optimisation (both optimizers)
     batch_size: int = 128              # per rank

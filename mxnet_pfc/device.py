@@ -25,10 +25,12 @@ from .config import ConfigError
 
 log = logging.getLogger(__name__)
 
-# The highest compute capability the MXNet 1.9.1 CUDA wheels have kernels for.
+# The highest compute capability the MXNet 1.9.1 CUDA wheels have kernels for, and those they have.
 MAX_COMPUTE_CAPABILITY = (8, 6)
+WHEEL_ARCHITECTURES = "sm_50, 60, 70, 80, 86"
+_MAX = "{}.{}".format(*MAX_COMPUTE_CAPABILITY)
 WHAT_TO_DO = ("MXNet must be built from source with CUDA 11.8 or 12 for this GPU's architecture "
-              "(sm_90 for compute capability 9.0), or use a GPU of compute capability 8.6 or lower; "
+              "(sm_90 for compute capability 9.0), or use a GPU of compute capability " + _MAX + " or lower; "
               "--context cpu trains on the CPU")
 
 
@@ -87,7 +89,7 @@ def check_compute_capability(gpus: "list[tuple[str, tuple[int, int] | None]] | N
     if bad:
         named = ", ".join(f"{name} (compute capability {major}.{minor})" for name, (major, minor) in bad)
         raise ConfigError(f"MXNet ({wheel}) cannot run on {named}: the MXNet 1.9.1 CUDA wheels carry machine code "
-                          f"for compute capability 5.0 to 8.6 only (sm_50, 60, 70, 80, 86) and no PTX. "
+                          f"for compute capability 5.0 to {_MAX} only ({WHEEL_ARCHITECTURES}) and no PTX. "
                           f"{WHAT_TO_DO[0].upper()}{WHAT_TO_DO[1:]}.")
 
 
@@ -124,7 +126,7 @@ def choose_context(kind: str, local_rank: int, gpus: "list | None" = None):
         if kind == "gpu":
             hint = ""
             if gpus and unsupported_gpus(gpus):
-                hint = f": the MXNet 1.9.1 CUDA wheels have no kernels for compute capability above 8.6; {WHAT_TO_DO}"
+                hint = f": the MXNet 1.9.1 CUDA wheels have no kernels for compute capability above {_MAX}; {WHAT_TO_DO}"
             elif gpus:
                 hint = ": install the CUDA wheel (make setup on this machine, or MXNET_PACKAGE=mxnet-cu112==1.9.1)"
             raise ConfigError(f"context = gpu, but MXNet sees no GPU{seen}{hint}")

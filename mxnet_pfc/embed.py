@@ -23,13 +23,11 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import CheckpointError
 from .data.faces import ImageError, WrongSize, decode_face, read_file
 from .data.pack import IMAGE_SUFFIXES, list_identities
-from .data.records import DataError
 from .errors import PfcError
 from .eval.verification import embed_pairs
-from .inference import Embedder, ModelError, load_model
+from .inference import Embedder, load_model
 
 
 class EmbedError(PfcError, ValueError):
@@ -150,7 +148,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except (EmbedError, ModelError, CheckpointError, DataError, OSError) as error:
+    except (PfcError, OSError) as error:
         print(f"mxnet_pfc.embed: {error}", file=sys.stderr)
         return 1
     return 0

@@ -2,8 +2,10 @@
 
 A `PfcError` is a problem the user can act on (bad input, a configuration
 that does not fit, a damaged file, a rank that failed); its message says what
-and where. Commands catch this one type, print the message and stop; any
-other exception is a defect of ours and is reported with its traceback.
+and where. Commands catch this type (with OSError: a file system's own
+complaint), print the message and stop. The trainer also prints MXNet's and
+Horovod's errors as one line (stops.stop_on_error); any other exception is a
+defect of ours and is reported with its traceback.
 The subclasses keep a builtin base (ValueError, RuntimeError ...) as well, so
 code that caught those before keeps working.
 """

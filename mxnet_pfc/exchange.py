@@ -1,4 +1,4 @@
-"""The input exchange of a Partial FC step (collective 1), as pure functions.
+"""The input exchange of a Partial FC step (collective 1), as functions without collectives or state.
 
 Every rank sends one flat float32 vector: a header, its labels as exact
 (hi, lo) pairs, its embeddings. The allgather concatenates the ranks' vectors;
@@ -7,7 +7,8 @@ input on any rank raises the same error everywhere instead of a hang or a
 wrong loss. Vectors of different lengths (a wrong width, another batch size)
 still gather: the header says how long each is.
 
-Nothing here runs a collective; `partial_fc.PartialFC` does the allgather.
+Nothing here runs a collective or keeps state (unpack copies the headers to
+the host); `partial_fc.PartialFC` does the allgather.
 Tests simulate W ranks by concatenating W packed vectors (docs/DESIGN.md,
 section 2.1).
 """

@@ -20,7 +20,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from .checkpoint import CheckpointError
+from .errors import PfcError
 from .files import atomic_path
 from .inference import ModelError, load_model
 
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
         if args.onnx:
             log.info(f"ONNX: {export_onnx(prefix, prefix + '.onnx')}")
-    except (ModelError, CheckpointError, OSError) as error:
+    except (PfcError, OSError) as error:
         print(f"mxnet_pfc.export: {error}", file=sys.stderr)
         return 1
     return 0

@@ -37,7 +37,9 @@ _MIN_SIN = 1e-6
 class CombinedMarginLoss:
     """The margin applied to the target logit; the rest of the loss is in PartialFC."""
 
-    def __init__(self, s: float = 64.0, m1: float = 1.0, m2: float = 0.5, m3: float = 0.0):
+    def __init__(self, s: float = PRESETS["arcface"]["s"], m1: float = PRESETS["arcface"]["m1"],
+                 m2: float = PRESETS["arcface"]["m2"], m3: float = PRESETS["arcface"]["m3"]):
+        """ArcFace's margins unless others are given."""
         for name, value in (("s", s), ("m1", m1), ("m2", m2), ("m3", m3)):
             if not math.isfinite(value):
                 raise ValueError(f"margin parameter {name} must be finite, got {value}")

@@ -80,6 +80,13 @@ class MemoryBank:
         """Bytes of centers and momentum together (what a checkpoint writes for this rank)."""
         return 2 * self.weight.size * 4
 
+    def rows(self, index: "nd.NDArray | None" = None, out: "nd.NDArray | None" = None):
+        """(rows, 1 / |row|) of the centers `index` (sorted local ids), gathered into `out`;
+        without `index`, all centers, in place (no copy)."""
+        if index is None:
+            return self.weight, self.ops.inv_norm(self.weight)
+        return self.ops.gather_inv_norm(self.weight, index, out=out)
+
     def update_rows(self, index: nd.NDArray, grad: nd.NDArray, radial: nd.NDArray, rows: nd.NDArray) -> None:
         """Momentum SGD of the rows `index` (sorted local ids) with their loss gradient.
 

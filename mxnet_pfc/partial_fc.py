@@ -273,9 +273,9 @@ class PartialFC:
         xh = nd.broadcast_mul(x_all, inv_x)
         D, ws = self.embedding_size, self.workspace
         if self.sampler.full:
-            w, inv_w = bank.weight, self.ops.inv_norm(bank.weight)
+            w, inv_w = bank.rows()
         else:
-            w, inv_w = self.ops.gather_inv_norm(bank.weight, index, out=ws.get("centers", (S, D)))
+            w, inv_w = bank.rows(index, out=ws.get("centers", (S, D)))
         scos = nd.dot(xh, w, transpose_b=True, out=ws.get("logits", (N, S)))
         # Scaled in place; lse_others: per row, log sum exp over the non-target columns.
         scos, lse_others = self.ops.scale_lse(scos, s * inv_w, target, mask)

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 
 from .memory_bank import shard_range
-from .partial_fc import expected_draws, max_sampled_centers
+from .partial_fc import expected_draws, max_sampled_centers, num_sampled_centers
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2}
@@ -68,7 +68,7 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
     """The head's bytes on the rank holding the most classes; batch is per rank."""
     num_local = shard_range(classes, 0, world)[1]       # rank 0 holds the most
     n = batch * world
-    full = rate >= 1.0
+    full = num_sampled_centers(num_local, rate) >= num_local      # as the head's sampler decides
     num_sample = max_sampled_centers(num_local, rate, n)
     bank = num_local * embedding * DTYPE_BYTES[dtype]
     if full:

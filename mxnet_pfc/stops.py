@@ -29,9 +29,10 @@ import mxnet as mx
 
 from . import comm
 from .errors import PfcError
+from .logs import ROOT_LOGGER
 from .run_lock import boot_id
 
-log = logging.getLogger("mxnet_pfc")
+log = logging.getLogger(ROOT_LOGGER)
 
 _state = {"logs": None, "peers": []}     # this run's logs folder; (rank, host, pid) of every rank
 
@@ -147,12 +148,13 @@ def stop_on_error(error: Exception) -> int:
     """End this rank after `error`, saying what really happened; returns the exit code (1).
 
     A lost peer is reported with the cause other ranks recorded, if any; the
-    project's own errors (PfcError), the system's (OSError, MemoryError) and
-    MXNet's are one line; anything else is a defect of ours, reported with its
-    traceback. A rank of a distributed job exits at once (comm.abort).
+    project's own errors (PfcError), the system's (OSError, MemoryError), MXNet's
+    and Horovod's are one line; anything else is a defect of ours, reported with
+    its traceback. A rank of a distributed job exits at once (comm.abort).
     """
     lost = isinstance(error, comm.LostRankError) or comm.lost_peer(error)
-    expected = lost or isinstance(error, (PfcError, OSError, MemoryError, mx.base.MXNetError))
+    expected = (lost or comm.raised_by_horovod(error)
+                or isinstance(error, (PfcError, OSError, MemoryError, mx.base.MXNetError)))
     if not expected:            # the traceback, and every rank told which rank
         record_failure(f"{type(error).__name__}: {error} (an unexpected error: see rank {comm.rank()}'s log)")
         log.exception(f"stopping on an unexpected error: {type(error).__name__}: {error}")

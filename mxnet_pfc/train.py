@@ -132,10 +132,11 @@ def train(cfg: config_lib.Config) -> dict:
         with comm.fail_together("setup"):
             setup = prepare(cfg, rank, world)
         cfg, plan, resume = setup.cfg, setup.plan, setup.resume
-        if rank == 0:
-            config_lib.save(cfg, os.path.join(cfg.output, "config.json"))
-            log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {cfg.output}/config.json):\n"
-                     + config_lib.describe(cfg))
+        with comm.fail_together("writing config.json"):
+            if rank == 0:
+                config_lib.save(cfg, os.path.join(cfg.output, "config.json"))
+                log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {cfg.output}/config.json):\n"
+                         + config_lib.describe(cfg))
         start_step = resume.step if resume is not None else 0
         seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
         head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol)
@@ -168,15 +169,18 @@ class Trainer:
         """Train from start_step to the plan's end; returns rank 0's final figures (others: {})."""
         cfg, plan, data, schedule = self.cfg, self.plan, self.setup.data, self.setup.schedule
         resume = self.setup.resume
-        if self.rank == 0:
-            self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step, resume.state["step"] if resume else None)
+        with comm.fail_together("opening the metrics"):
+            if self.rank == 0:
+                self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step,
+                                          resume.state["step"] if resume else None)
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
                         mininterval=5, file=sys.stderr, dynamic_ncols=True)
         window = Throughput(cfg.batch_size, self.world)
         loss, started, step = float("nan"), time.time(), start_step
         try:
             if cfg.val_at_start and start_step == 0:
-                self.verify(0)
+                with comm.fail_together("verification"):
+                    self.verify(0)
             for step in range(start_step, plan.max_update):
                 fetch_started = time.time()
                 batch = next(data)            # waits only when decoding falls behind
@@ -193,7 +197,8 @@ class Trainer:
                     self.log_progress(done, batch.epoch, loss, lr, window.close_window(plan.max_update - done))
                 paused = time.time()
                 if done % cfg.verbose == 0 and done != plan.max_update:
-                    self.verify(done)
+                    with comm.fail_together("verification"):        # rank 0's work, agreed on
+                        self.verify(done)
                 if cfg.save_interval and done % cfg.save_interval == 0 and done != plan.max_update:
                     self.save_checkpoint(done)
                     seeding.seed_generators(cfg.seed, self.rank, done)    # what a run resumed from here will do
@@ -265,13 +270,25 @@ class Trainer:
         return prefix, results
 
     def finish(self, loss: float, started: float) -> dict:
-        """The model for inference and its verification, then the final checkpoint (holding the final best)."""
+        """The model for inference and its verification, then the final checkpoint (holding the final best).
+
+        A failed export still leaves the final checkpoint (its centers exist nowhere
+        else), then stops the run with the export's error.
+        """
         backbone = checkpoint.take_snapshot(self.module)       # collective
-        prefix, results = None, {}
-        with comm.fail_together("exporting the model"):
-            if self.rank == 0:
-                prefix, results = self.export(backbone)
+        prefix, results, export_error = None, {}, None
+        try:
+            with comm.fail_together("exporting the model"):
+                if self.rank == 0:
+                    prefix, results = self.export(backbone)
+        except Exception as error:      # raised on every rank alike
+            if comm.lost_peer(error):
+                raise
+            export_error = error
         last = self.save_checkpoint(self.plan.max_update, backbone)   # prepare() refused a run with nothing to train
+        if export_error is not None:
+            log.error(f"the final checkpoint {last} is written; the model for inference is not")
+            raise export_error
         summary = {}
         if self.rank == 0:
             steps = self.plan.max_update

@@ -11,10 +11,10 @@ import sys
 
 import mxnet as mx
 
-from .checkpoint import CheckpointError
-from .eval.verification import BinFormatError, Verifier
+from .errors import PfcError
+from .eval.verification import Verifier
 from .files import write_json
-from .inference import ModelError, load_model
+from .inference import load_model
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
         print(f"{source}: loading {len(args.bins)} set(s)", file=sys.stderr)
         verifier = Verifier(args.bins, symbol, ctx, args.batch_size)
         results = verifier.evaluate(arg_params, aux_params, progress=True)
-    except (ModelError, CheckpointError, BinFormatError, OSError) as error:
+    except (PfcError, OSError) as error:
         print(f"mxnet_pfc.verify: {error}", file=sys.stderr)
         return 1
     for name, result in results.items():

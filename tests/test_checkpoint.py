@@ -100,6 +100,18 @@ def test_resume_without_checkpoint_names_the_problem(tmp_path):
     assert proc.returncode == 1 and "--resume latest: no complete checkpoint in" in proc.stdout
 
 
+
+def test_a_failed_export_still_leaves_the_final_checkpoint(tmp_path):
+    """The final centers exist only in the final checkpoint: an export that fails must not lose them."""
+    (tmp_path / "model-0000.params").mkdir(parents=True)        # the export cannot put its file there
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.train", "--dataset", "speed-1m", "--network", "r18-lite",
+                        "--num_classes", 100, "--batch_size", 4, "--max_update", 2, "--output", tmp_path],
+                       timeout=120)
+    assert proc.returncode == 1 and "IsADirectoryError" in proc.stdout, proc.stdout[-3000:]
+    assert checkpoint.list_steps(tmp_path / "checkpoints") == [2]
+    assert "the final checkpoint" in proc.stdout and "the model for inference is not" in proc.stdout
+
+
 # ------------------------------------------------------------------ pure helpers, one process
 
 @pytest.mark.parametrize("classes", [7, 40, 1001])

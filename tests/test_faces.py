@@ -1,7 +1,9 @@
 """One decoder (mxnet_pfc.data.faces) behind the four readers of face images: the training
 iterator, the verification .bin loader, the packing tool and the embed command. Each refuses a
 damaged JPEG naming the image's source, reads PNG as well as JPEG, gives RGB, and meets an
-image of another size with the same message (or resizes it, where that is the caller's way)."""
+image of another size with the same message (or resizes it, where that is the caller's way).
+The verification loader reads a damaged JPEG as OpenCV always has (the published pair sets are
+read as they were), and refuses what does not decode at all."""
 import pickle
 
 import cv2
@@ -79,17 +81,28 @@ CALLERS = {
 }
 
 
-@pytest.mark.parametrize("caller", CALLERS)
-@pytest.mark.parametrize("payload, message", [
-    (damaged_jpeg(), r" has damaged JPEG data \(libjpeg: Corrupt JPEG data: [^)]+\)"),
-    (b"not an image", r" does not decode as an image"),
-    (b"", r" does not decode as an image"),
-], ids=["damaged", "not-an-image", "empty"])
-def test_a_bad_image_is_refused_naming_its_source(tmp_path, caller, payload, message):
+BAD_IMAGES = {
+    "damaged": (damaged_jpeg(), r" has damaged JPEG data \(libjpeg: Corrupt JPEG data: [^)]+\)"),
+    "not-an-image": (b"not an image", r" does not decode as an image"),
+    "empty": (b"", r" does not decode as an image"),
+}
+
+
+# the pair-set loader reads damaged JPEGs as OpenCV does (the next test)
+@pytest.mark.parametrize("caller, case", [(caller, case) for caller in CALLERS for case in BAD_IMAGES
+                                          if (caller, case) != ("verification", "damaged")])
+def test_a_bad_image_is_refused_naming_its_source(tmp_path, caller, case):
     read, error_class, source = CALLERS[caller]
+    payload, message = BAD_IMAGES[case]
     with pytest.raises(error_class, match=source + message) as caught:
         read(tmp_path, payload, ".jpg")
     assert isinstance(caught.value, PfcError)
+
+
+def test_the_pair_set_loader_reads_a_damaged_jpeg_as_opencv_does(tmp_path):
+    payload = damaged_jpeg()
+    expected = cv2.cvtColor(cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(via_verification(tmp_path, payload, ".jpg"), expected.astype(np.float32))
 
 
 @pytest.mark.parametrize("caller", CALLERS)

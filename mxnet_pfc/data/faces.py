@@ -10,9 +10,13 @@ What comes out: RGB uint8 pixels (H, W, 3), C-contiguous, 0..255 -- the
 order the networks take (the callers only transpose to (3, H, W) and, for
 training, mirror). Faces are aligned size x size crops (112 by default).
 An image of another size is refused unless the caller asks for a resize
-(INTER_AREA): the iterator, the check command and pack without --resize
-refuse; embed refuses unless --resize; the verification loader always resizes,
-as InsightFace's loader does.
+(INTER_AREA by default): the iterator, the check command and pack without
+--resize refuse; embed refuses unless --resize; the verification loader always
+resizes (bilinear), as InsightFace's loader does. JPEGs are decoded strictly
+(a damaged one is refused) everywhere but in the verification loader, which
+decodes the published pair sets as OpenCV always has (libjpeg's warnings
+ignored), so that a harmless warning in a set users already have cannot stop
+a run.
 
 A problem raises ImageError (DamagedJPEG and WrongSize are kinds of it) whose
 message starts with the source the caller named: a file path,
@@ -49,16 +53,16 @@ class WrongSize(ImageError):
 
 
 def decode_face(payload: bytes, source: str, size: "int | tuple[int, int]" = FACE_SIZE,
-                resize: bool = False) -> np.ndarray:
+                resize: bool = False, strict: bool = True, interpolation: int = cv2.INTER_AREA) -> np.ndarray:
     """RGB uint8 (height, width, 3) pixels of an encoded face; ImageError naming `source` if it is not one.
 
     `size` is the side, or (height, width); an image of another size is resized
-    when `resize`, else refused with WrongSize.
+    (with `interpolation`) when `resize`, else refused with WrongSize.
     """
-    return fit_size(decode_image(payload, source), source, size, resize)
+    return fit_size(decode_image(payload, source, strict), source, size, resize, interpolation)
 
 
-def decode_image(payload: bytes, source: str) -> np.ndarray:
+def decode_image(payload: bytes, source: str, strict: bool = True) -> np.ndarray:
     """RGB uint8 (H, W, 3) pixels of an encoded image of any size; ImageError naming `source` if it is not one.
 
     JPEGs are decoded strictly: libjpeg's warnings (`Corrupt JPEG data: ...`,
@@ -67,9 +71,10 @@ def decode_image(payload: bytes, source: str) -> np.ndarray:
     decoder is libjpeg-turbo through simplejpeg (its pixels equal cv2.imdecode's:
     the same integer DCT and upsampling), asked for RGB directly so that no
     channel swap is needed. Other formats (PNG, BMP) go through cv2.imdecode,
-    whose BGR is swapped in place.
+    whose BGR is swapped in place. strict=False decodes JPEGs as cv2.imdecode
+    does, warnings ignored.
     """
-    if payload[:2] == b"\xff\xd8":
+    if strict and payload[:2] == b"\xff\xd8":
         try:
             image = simplejpeg.decode_jpeg(payload, colorspace="RGB", strict=True)
         except ValueError as error:
@@ -86,14 +91,14 @@ def decode_image(payload: bytes, source: str) -> np.ndarray:
 
 
 def fit_size(image: np.ndarray, source: str, size: "int | tuple[int, int]" = FACE_SIZE,
-             resize: bool = False) -> np.ndarray:
+             resize: bool = False, interpolation: int = cv2.INTER_AREA) -> np.ndarray:
     """The image when it is size x size (int, or (height, width)); else resized, or refused with WrongSize."""
     height, width = (size, size) if isinstance(size, int) else size
     if image.shape[:2] == (height, width):
         return image
     if not resize:
         raise WrongSize(f"{source} is {image.shape[1]}x{image.shape[0]}, expected {width}x{height} (an aligned face)")
-    return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+    return cv2.resize(image, (width, height), interpolation=interpolation)
 
 
 def read_file(path: str) -> bytes:

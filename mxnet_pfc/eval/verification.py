@@ -16,6 +16,7 @@ import pickle
 import sys
 from dataclasses import dataclass
 
+import cv2
 import mxnet as mx
 import numpy as np
 from tqdm import tqdm
@@ -40,7 +41,8 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 def load_bin(path: str, image_size: int = 112) -> "tuple[np.ndarray, np.ndarray]":
     """(images float32 (2P, 3, H, W) RGB 0..255, issame bool (P,)) from a .bin pair set.
 
-    Images are decoded by data.faces.decode_face (strict, RGB), resized when not image_size square.
+    Images are decoded by data.faces.decode_face (RGB; JPEG warnings ignored, as OpenCV
+    always did for these sets), resized bilinearly when not image_size square.
     """
     with open(path, "rb") as f:
         raw = f.read()
@@ -59,8 +61,9 @@ def load_bin(path: str, image_size: int = 112) -> "tuple[np.ndarray, np.ndarray]
         raise BinFormatError(f"{path}: expected {2 * len(issame)} images for {len(issame)} booleans, got {len(bins)}")
     images = np.empty((len(bins), 3, image_size, image_size), dtype=np.float32)
     for i, encoded in enumerate(bins):
-        try:      # strict, RGB; other sizes are resized, as InsightFace's loader does
-            face = decode_face(encoded, f"{path}: image {i} (pair {i // 2})", image_size, resize=True)
+        try:      # other sizes are resized, as InsightFace's loader does
+            face = decode_face(encoded, f"{path}: image {i} (pair {i // 2})", image_size, resize=True,
+                               strict=False, interpolation=cv2.INTER_LINEAR)
         except ImageError as error:
             raise BinFormatError(str(error)) from None
         images[i] = face.transpose(2, 0, 1)
