@@ -1,0 +1,180 @@
+"""Reading the IJB-B / IJB-C test data in the layout InsightFace publishes it (docs/DESIGN.md 3.4).
+
+ROOT/meta/<target>_face_tid_mid.txt        image name, template id, media id
+ROOT/meta/<target>_name_5pts_score.txt     image name, 5 points (x y x y ...), detector score
+ROOT/meta/<target>_template_pair_label.txt template 1, template 2, label (1 same subject)
+ROOT/meta/<target>_1N_gallery_G1.csv, _G2  (IJB-B: _S1, _S2) and <target>_1N_probe_mixed.csv:
+                                           CSV with a header, TEMPLATE_ID and SUBJECT_ID columns
+ROOT/loose_crop/<image name>               the images
+<target> is ijbc or ijbb (lower case, as published). Every problem is an
+IjbDataError naming the file and, for a bad line, its line number: a run
+over 470,000 images should stop before embedding, not after.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data.faces import ImageError, decode_image, read_file
+from ..errors import PfcError
+from .align import align, landmark_problem
+
+GALLERIES = {"ijbc": ("G1", "G2"), "ijbb": ("S1", "S2")}
+
+
+class IjbDataError(PfcError, ValueError):
+    """A missing or malformed IJB meta file or image; the message names file and line."""
+
+
+def meta_path(root: str, target: str, suffix: str) -> str:
+    return os.path.join(root, "meta", f"{target.lower()}_{suffix}")
+
+
+def _lines(path: str):
+    """(line number, fields) of each non-blank line, split on white space."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as error:
+        raise IjbDataError(f"{path}: cannot be read: {error.strerror or error}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            yield number, line.split()
+
+
+def _numbers(path: str, number: int, fields: "list[str]", kind, count: int, what: str) -> list:
+    if len(fields) != count:
+        raise IjbDataError(f"{path}:{number}: expected {count} fields ({what}), got {len(fields)}")
+    try:
+        return [kind(f) for f in fields]
+    except ValueError:
+        raise IjbDataError(f"{path}:{number}: expected {what}, got {' '.join(fields)!r}") from None
+
+
+@dataclass
+class Faces:
+    """The images of the set, in the order of the meta files, with their template, media, points and score."""
+    names: "list[str]"
+    templates: np.ndarray     # int64 (N,)
+    medias: np.ndarray        # int64 (N,)
+    landmarks: np.ndarray     # float64 (N, 5, 2)
+    scores: np.ndarray        # float64 (N,) detector (faceness) score
+    where: "list[str]"        # "file:line" of each image's landmarks, for error messages
+
+
+def read_faces(root: str, target: str) -> Faces:
+    """Both per-image files, checked to list the same images in the same order, landmarks usable."""
+    tid_path, pts_path = meta_path(root, target, "face_tid_mid.txt"), meta_path(root, target, "name_5pts_score.txt")
+    names, templates, medias = [], [], []
+    for number, fields in _lines(tid_path):
+        if len(fields) != 3:
+            raise IjbDataError(f"{tid_path}:{number}: expected 3 fields (image, template id, media id), "
+                               f"got {len(fields)}")
+        template, media = _numbers(tid_path, number, fields[1:], int, 2, "integer template and media ids")
+        names.append(fields[0])
+        templates.append(template)
+        medias.append(media)
+    landmarks, scores, where = [], [], []
+    for index, (number, fields) in enumerate(_lines(pts_path)):
+        values = _numbers(pts_path, number, fields[1:], float, 11, "10 landmark coordinates and a score")
+        if index >= len(names) or fields[0] != names[index]:
+            listed = names[index] if index < len(names) else "nothing (the list is shorter)"
+            raise IjbDataError(f"{pts_path}:{number}: image {fields[0]}, but {tid_path} lists {listed} "
+                               f"as image {index + 1}: the two files must list the same images in order")
+        points = np.array(values[:10]).reshape(5, 2)
+        problem = landmark_problem(points)
+        if problem:
+            raise IjbDataError(f"{pts_path}:{number}: {fields[0]}: {problem}")
+        landmarks.append(points)
+        scores.append(values[10])
+        where.append(f"{pts_path}:{number}")
+    if len(landmarks) != len(names):
+        raise IjbDataError(f"{pts_path}: lists {len(landmarks)} images, {tid_path} lists {len(names)}")
+    if not names:
+        raise IjbDataError(f"{tid_path}: lists no images")
+    return Faces(names, np.array(templates, dtype=np.int64), np.array(medias, dtype=np.int64),
+                 np.array(landmarks).reshape(-1, 5, 2), np.array(scores), where)
+
+
+def read_pairs(root: str, target: str, known_templates) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
+    """(template 1, template 2, label 0/1) of each 1:1 pair; templates must be in the face list."""
+    path = meta_path(root, target, "template_pair_label.txt")
+    known = set(int(t) for t in known_templates)
+    rows = []
+    for number, fields in _lines(path):
+        first, second, label = _numbers(path, number, fields, int, 3, "two integer template ids and a 0/1 label")
+        if label not in (0, 1):
+            raise IjbDataError(f"{path}:{number}: label {label}, expected 0 or 1")
+        for template in (first, second):
+            if template not in known:
+                raise IjbDataError(f"{path}:{number}: template {template} has no image in the face list")
+        rows.append((first, second, label))
+    if not rows:
+        raise IjbDataError(f"{path}: lists no pairs")
+    pairs = np.array(rows, dtype=np.int64)
+    return pairs[:, 0], pairs[:, 1], pairs[:, 2]
+
+
+def read_subjects(path: str, known_templates) -> "tuple[np.ndarray, np.ndarray]":
+    """(templates, subjects) of a 1:N gallery or probe CSV, one entry per template (rows are per image)."""
+    known = set(int(t) for t in known_templates)
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as error:
+        raise IjbDataError(f"{path}: cannot be read: {error.strerror or error}") from None
+    if not rows:
+        raise IjbDataError(f"{path}: empty, expected a header with TEMPLATE_ID and SUBJECT_ID")
+    header = [name.strip().upper() for name in rows[0]]
+    if "TEMPLATE_ID" not in header or "SUBJECT_ID" not in header:
+        raise IjbDataError(f"{path}:1: the header {rows[0]} has no TEMPLATE_ID and SUBJECT_ID columns")
+    t_col, s_col = header.index("TEMPLATE_ID"), header.index("SUBJECT_ID")
+    subject_of = {}
+    for number, row in enumerate(rows[1:], 2):
+        if not row:
+            continue
+        if len(row) <= max(t_col, s_col):
+            raise IjbDataError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
+        try:
+            template, subject = int(row[t_col]), int(row[s_col])
+        except ValueError:
+            raise IjbDataError(f"{path}:{number}: TEMPLATE_ID and SUBJECT_ID must be integers, got "
+                               f"{row[t_col]!r}, {row[s_col]!r}") from None
+        if template not in known:
+            raise IjbDataError(f"{path}:{number}: template {template} has no image in the face list")
+        if subject_of.setdefault(template, subject) != subject:
+            raise IjbDataError(f"{path}:{number}: template {template} is given subjects "
+                               f"{subject_of[template]} and {subject}")
+    if not subject_of:
+        raise IjbDataError(f"{path}: lists no templates")
+    templates = np.array(sorted(subject_of), dtype=np.int64)
+    return templates, np.array([subject_of[t] for t in templates], dtype=np.int64)
+
+
+def one_to_n_paths(root: str, target: str) -> "dict[str, str]":
+    """{gallery name or 'probe': path}; {} when none of the 1:N files is there, an error when only some are."""
+    galleries = GALLERIES.get(target.lower(), ("G1", "G2"))
+    paths = {g: meta_path(root, target, f"1N_gallery_{g}.csv") for g in galleries}
+    paths["probe"] = meta_path(root, target, "1N_probe_mixed.csv")
+    present = [p for p in paths.values() if os.path.exists(p)]
+    if present and len(present) != len(paths):
+        missing = [p for p in paths.values() if not os.path.exists(p)]
+        raise IjbDataError(f"{missing[0]}: missing (the other 1:N files are there)")
+    return paths if present else {}
+
+
+def aligned_face(root: str, faces: Faces, index: int, size: int = 112) -> np.ndarray:
+    """RGB uint8 (size, size, 3) of image `index`, aligned by its five points."""
+    path = os.path.join(root, "loose_crop", faces.names[index])
+    source = f"{path} (listed at {faces.where[index]})"
+    try:
+        image = decode_image(read_file(path), source, strict=False)   # published JPEGs: decoded as OpenCV does
+    except ImageError as error:
+        message = str(error)
+        if not message.startswith(source):     # read_file names the path only
+            message = message.replace(path, source, 1)
+        raise IjbDataError(message) from None
+    return align(image, faces.landmarks[index], size)

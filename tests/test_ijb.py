@@ -1,0 +1,244 @@
+"""IJB-B / IJB-C evaluation (mxnet_pfc.ijb) on a small synthetic set in InsightFace's layout."""
+import json
+import os
+import shutil
+
+import cv2
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxnet_pfc import ijb
+from mxnet_pfc.data.synthetic_ijb import write_ijb
+from mxnet_pfc.eval import align, ijb_metrics
+from mxnet_pfc.eval.verification import tar_at_far
+
+
+@pytest.fixture(scope="module")
+def ijb_set(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ijb") / "IJBC"
+    truth = write_ijb(str(root), "IJBC", subjects=24, templates_per_subject=3, seed=0)
+    return root, truth
+
+
+def colour_grid_model(prefix, informative=True):
+    """An MXNet model without training: block means of the face (7x7 grid of 16x16 blocks, 3 colours).
+
+    informative=False keeps the network and sets every weight to 0 and the bias
+    to a constant: each face gets the same embedding, as from a collapsed model.
+    """
+    data = mx.sym.Variable("data")
+    grid = mx.sym.Pooling(data - 127.5, kernel=(16, 16), stride=(16, 16), pool_type="avg")
+    embedding = mx.sym.FullyConnected(mx.sym.Flatten(grid), num_hidden=147, name="fc1")
+    weight = np.eye(147, dtype=np.float32) if informative else np.zeros((147, 147), np.float32)
+    bias = np.zeros(147, np.float32) if informative else np.ones(147, np.float32)
+    mx.model.save_checkpoint(str(prefix), 0, embedding, {"fc1_weight": mx.nd.array(weight),
+                                                         "fc1_bias": mx.nd.array(bias)}, {})
+    return str(prefix)
+
+
+def run(root, model, output, *extra):
+    code = ijb.main([model, "--root", str(root), "--target", "IJBC", "--output", str(output),
+                     "--batch-size", "32", *extra])
+    return code, (json.load(open(output / "ijb-ijbc.json")) if code == 0 else None)
+
+
+# --- alignment -------------------------------------------------------------------------------------
+
+def test_similarity_transform_recovers_a_known_similarity():
+    rng = np.random.default_rng(0)
+    scale, angle, shift = 1.7, 0.4, np.array([12.0, -5.0])
+    known = np.hstack([scale * np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]]),
+                       shift[:, None]])
+    src = rng.uniform(0, 100, (5, 2))
+    dst = src @ known[:, :2].T + known[:, 2]
+    np.testing.assert_allclose(align.similarity_transform(src, dst), known, atol=1e-9)
+    # mirrored points: the best similarity still has no reflection
+    assert np.linalg.det(align.similarity_transform(src, dst * [-1, 1])[:, :2]) > 0
+
+
+@pytest.mark.parametrize("points, words", [
+    (np.full((5, 2), 40.0), "coincide"),
+    (np.stack([np.arange(5.0) * 10, np.arange(5.0) * 5 + 3], axis=1), "on a line"),
+    (np.where(np.eye(5, 2) > 0, np.nan, 50.0) + np.arange(10).reshape(5, 2), "finite"),
+])
+def test_degenerate_landmarks_are_refused(points, words):
+    with pytest.raises(align.LandmarkError, match=words):
+        align.similarity_transform(points)
+
+
+def test_alignment_recovers_the_render(ijb_set):
+    """(a) aligning a loose crop by its written points = aligning the 112 render by its true points."""
+    root, truth = ijb_set
+    lines = open(root / "meta" / "ijbc_name_5pts_score.txt").read().split("\n")
+    errors = []
+    for i in range(12):
+        written = np.array(lines[i].split()[1:11], float).reshape(5, 2)
+        to_template = align.similarity_transform(truth["landmarks"][i])       # render -> template
+        placed = np.vstack([truth["matrices"][i], [0, 0, 1]])                  # render -> loose crop
+        expected = np.vstack([to_template, [0, 0, 1]]) @ np.linalg.inv(placed)
+        np.testing.assert_allclose(align.similarity_transform(written), expected[:2], atol=2e-3, rtol=1e-3)
+        crop = cv2.imread(str(root / "loose_crop" / truth["names"][i]))[:, :, ::-1]
+        aligned = align.align(crop, written).astype(float)
+        direct = align.align(truth["renders"][i], truth["landmarks"][i]).astype(float)
+        errors.append(np.abs(aligned - direct)[24:96, 24:96].mean())     # the face; borders differ by design
+    assert max(errors) < 6.0, errors          # JPEG + two bilinear resamplings, on 0..255
+
+
+def test_landmarks_are_on_the_features(ijb_set):
+    """The eye points of a render fall on the eye colour (the generator knows where the features are)."""
+    root, truth = ijb_set
+    render, points = truth["renders"][0].astype(float), truth["landmarks"][0]
+    x, y = np.round(points[0]).astype(int)
+    centre = render[y - 1:y + 2, x - 1:x + 2].mean(axis=(0, 1))
+    x2, y2 = np.round(points[0] + [0, 25]).astype(int)         # below the eye: skin
+    assert np.abs(centre - render[y2, x2]).sum() > 30
+
+
+# --- metrics against brute force --------------------------------------------------------------------
+
+def brute_roc(labels, scores):
+    points = []
+    for t in [np.inf, *sorted(set(scores), reverse=True)]:
+        accepted = scores >= t
+        points.append((np.mean(accepted[labels == 0]), np.mean(accepted[labels == 1])))
+    return np.array(points)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_roc_and_tar_at_far_equal_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    labels = (rng.random(3000) < 0.3).astype(int)
+    scores = np.round(rng.normal(labels * 1.5, 1.0), 2)        # rounded: many ties
+    fpr, tpr, thresholds = ijb_metrics.roc_curve(labels, scores, drop_intermediate=False)
+    np.testing.assert_allclose(np.stack([fpr, tpr], 1), brute_roc(labels, scores))
+    kept_fpr, kept_tpr, kept_thresholds = ijb_metrics.roc_curve(labels, scores)
+    kept = np.nonzero(np.isin(thresholds, kept_thresholds))[0]
+    assert len(kept) == len(kept_fpr) < len(fpr)
+    for i in range(len(fpr)):           # each dropped point is on the line between the kept points around it
+        a, b = kept[kept <= i][-1], kept[kept >= i][0]
+        cross = (fpr[b] - fpr[a]) * (tpr[i] - tpr[a]) - (tpr[b] - tpr[a]) * (fpr[i] - fpr[a])
+        assert abs(cross) < 1e-12
+    for far in ijb_metrics.FARS:
+        allowed = [t for f, t in brute_roc(labels, scores) if f <= far]
+        exact = ijb_metrics.tar_at_far_exact(labels, scores, far)
+        assert exact[0] == max(allowed)
+        assert exact[0] == pytest.approx(tar_at_far(scores, labels == 1, far).tar)    # the .bin verifier agrees
+        nearest = ijb_metrics.tar_at_far_nearest(labels, scores, far)
+        distance = np.abs(kept_fpr - far)
+        assert nearest[0] == max(t for d, t in zip(distance, kept_tpr) if d == distance.min())
+
+
+def test_template_features_equal_a_loop():
+    rng = np.random.default_rng(2)
+    feats = rng.normal(size=(40, 6))
+    templates, medias = rng.integers(0, 5, 40), rng.integers(0, 8, 40)
+    wanted = np.unique(templates)
+    got = ijb_metrics.template_features(feats, templates, medias, wanted)
+    for row, t in enumerate(wanted):
+        total = sum(np.mean([feats[i] for i in range(40) if templates[i] == t and medias[i] == m], axis=0)
+                    for m in set(medias[templates == t]))
+        np.testing.assert_allclose(got[row], total / np.linalg.norm(total))
+
+
+def test_cmc_and_tpir_equal_loops():
+    rng = np.random.default_rng(4)
+    gallery = np.arange(30)
+    probes = rng.integers(0, 45, 400)                          # subjects 30.. are not enrolled
+    similarity = np.round(rng.normal(size=(400, 30)) + (probes[:, None] == gallery) * 2.0, 1)
+    cmc = ijb_metrics.cmc(similarity, probes, gallery, ranks=(1, 5, 10))
+    mated = [i for i in range(400) if probes[i] in gallery]
+    for k in (1, 5, 10):
+        hits = 0
+        for i in mated:
+            mate = similarity[i][gallery == probes[i]].max()
+            hits += sum(similarity[i][j] >= mate for j in range(30) if gallery[j] != probes[i]) < k
+        assert cmc[k] == hits / len(mated)
+    non_mated_tops = [similarity[i].max() for i in range(400) if probes[i] not in gallery]
+    for fpir in (0.01, 0.1, 0.3):
+        best = None
+        for t in sorted(set(non_mated_tops) | {-np.inf}):     # lowest threshold first
+            if np.mean([s > t for s in non_mated_tops]) <= fpir:
+                best = t
+                break
+        hits = 0
+        for i in mated:
+            mate = similarity[i][gallery == probes[i]].max()
+            top_is_mate = all(similarity[i][j] < mate for j in range(30) if gallery[j] != probes[i])
+            hits += top_is_mate and mate > best
+        tpir, achieved, threshold = ijb_metrics.tpir_at_fpir(similarity, probes, gallery, fpir)
+        assert (tpir, threshold) == (hits / len(mated), best) and achieved <= fpir
+
+
+# --- the command ---------------------------------------------------------------------------------------
+
+def test_an_informative_model_beats_a_collapsed_one(ijb_set, tmp_path, capsys):
+    """(c) the command end to end: figures move with the information in the embedding.
+
+    No trained network fits in this test's time; the informative model is a
+    fixed colour-grid reader, the baseline the same network giving every face
+    one embedding. Both are MXNet checkpoints loaded as any model is.
+    """
+    root, _ = ijb_set
+    code, good = run(root, colour_grid_model(tmp_path / "grid"), tmp_path / "good")
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "[flip-sum, detector-score weighted] TAR@FAR=0.01" in printed and "1:N [flip-sum" in printed
+    code, bad = run(root, colour_grid_model(tmp_path / "flat", informative=False), tmp_path / "bad")
+    assert code == 0
+    for far in ("0.01", "0.1"):
+        assert good["verification"]["far"][far]["tar"] > bad["verification"]["far"][far]["tar"] + 0.3
+    assert good["identification"]["mean"]["top1"] > 0.5 > bad["identification"]["mean"]["top1"]
+    assert good["identification"]["mean"]["fpir"]["0.1"]["tpir"] > bad["identification"]["mean"]["fpir"]["0.1"]["tpir"]
+    for name in ("ijb-ijbc-roc.png", "ijb-ijbc-cmc.png"):
+        assert os.path.getsize(tmp_path / "good" / name) > 1000
+    code, unweighted = run(root, colour_grid_model(tmp_path / "grid"), tmp_path / "plain", "--no-score-weight")
+    assert code == 0 and unweighted["mode"] == "flip-sum, unweighted"
+    print(json.dumps({"weighted": good["verification"], "identification": good["identification"]}, indent=1))
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def broken(ijb_set, tmp_path):
+    root, _ = ijb_set
+    copy = tmp_path / "IJBC"
+    shutil.copytree(root, copy)
+    return copy
+
+
+def edit_line(path, number, new):
+    lines = open(path).read().split("\n")
+    lines[number - 1] = new(lines[number - 1])
+    open(path, "w").write("\n".join(lines))
+
+
+def failure(broken, tmp_path, capsys):
+    code, _ = run(broken, colour_grid_model(tmp_path / "grid"), tmp_path / "out")
+    assert code == 1
+    return capsys.readouterr().err
+
+
+def test_missing_meta_file(broken, tmp_path, capsys):
+    os.remove(broken / "meta" / "ijbc_template_pair_label.txt")
+    assert "ijbc_template_pair_label.txt: cannot be read" in failure(broken, tmp_path, capsys)
+
+
+def test_image_listed_but_absent(broken, tmp_path, capsys):
+    os.remove(broken / "loose_crop" / "7.jpg")
+    err = failure(broken, tmp_path, capsys)
+    assert "loose_crop/7.jpg" in err and "ijbc_name_5pts_score.txt:7" in err
+
+
+def test_malformed_line(broken, tmp_path, capsys):
+    edit_line(broken / "meta" / "ijbc_face_tid_mid.txt", 5, lambda line: line + " extra")
+    assert "ijbc_face_tid_mid.txt:5: expected 3 fields" in failure(broken, tmp_path, capsys)
+    edit_line(broken / "meta" / "ijbc_face_tid_mid.txt", 5, lambda line: line.rsplit(" ", 1)[0])
+    edit_line(broken / "meta" / "ijbc_template_pair_label.txt", 3, lambda line: line.replace(" 1", " x"))
+    assert "ijbc_template_pair_label.txt:3:" in failure(broken, tmp_path, capsys)
+
+
+def test_degenerate_landmarks_name_file_and_line(broken, tmp_path, capsys):
+    path = broken / "meta" / "ijbc_name_5pts_score.txt"
+    edit_line(path, 9, lambda line: " ".join([line.split()[0]] + ["50"] * 10 + [line.split()[-1]]))
+    assert "ijbc_name_5pts_score.txt:9: 9.jpg: the five landmarks coincide" in failure(broken, tmp_path, capsys)
