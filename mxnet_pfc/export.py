@@ -8,7 +8,9 @@ the N x D embedding (L2-normalise it before comparing faces).
 
 MODEL is a training checkpoint folder (its rank-averaged backbone), a training
 output folder (its latest checkpoint), or an MXNet prefix. --onnx also writes
-PREFIX.onnx with a free batch dimension.
+PREFIX.onnx with a free batch dimension; --check then checks it as evaluation
+servers check a submitted model (see mxnet_pfc/onnx_check.py), prints one line
+per check, writes PREFIX-onnx-check.json and exits 1 if a check fails.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 from .errors import PfcError
 from .files import atomic_path
 from .inference import ModelError, load_model
+from .onnx_check import add_check_options, check_onnx, report
 
 log = logging.getLogger("mxnet_pfc.export")
 
@@ -44,7 +47,9 @@ def export_onnx(prefix: str, onnx_path: str, image_size: int = 112) -> str:
         mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-0000.params",
                              in_shapes=[(1, 3, image_size, image_size)], in_types=[np.float32],
                              onnx_file_path=tmp, dynamic=True)
-        _tidy_onnx(tmp)
+        symbol = mx.sym.load(f"{prefix}-symbol.json")
+        _, out_shapes, _ = symbol.infer_shape(data=(1, 3, image_size, image_size))
+        _tidy_onnx(tmp, image_size, out_shapes[0][1])
     return onnx_path
 
 
@@ -58,11 +63,13 @@ def default_prefix(model: str) -> str:
     raise ModelError(f"{model} is a prefix: name the exported one with --prefix")
 
 
-def _tidy_onnx(path: str) -> None:
-    """Per-channel PReLU slopes as (C, 1, 1), and weights out of the graph inputs.
+def _tidy_onnx(path: str, image_size: int, embedding_size: int) -> None:
+    """Per-channel PReLU slopes as (C, 1, 1), weights out of the graph inputs, shapes N x 3 x S x S -> N x D.
 
-    MXNet 1.9 writes them as (C,), which ONNX broadcasts against the last (width)
+    MXNet 1.9 writes the slopes as (C,), which ONNX broadcasts against the last (width)
     axis: onnxruntime then refuses the model, or mixes channels when C == W.
+    With dynamic=True it leaves every input and output dimension free; evaluation
+    servers (InsightFace's MFR checker) read the image size from the input shape.
     """
     import onnx
     from onnx import numpy_helper
@@ -82,6 +89,13 @@ def _tidy_onnx(path: str) -> None:
     kept = [value for value in model.graph.input if value.name not in initializers]
     del model.graph.input[:]
     model.graph.input.extend(kept)
+    shapes = ((model.graph.input[0], (3, image_size, image_size)), (model.graph.output[0], (embedding_size,)))
+    for value, dims in shapes:
+        shape = value.type.tensor_type.shape
+        del shape.dim[:]
+        shape.dim.add().dim_param = "N"
+        for size in dims:
+            shape.dim.add().dim_value = size
     onnx.checker.check_model(model)
     onnx.save(model, path)
 
@@ -92,7 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="checkpoint folder, training output folder, or MXNet prefix[,epoch]")
     parser.add_argument("--prefix", default="",
                         help="output prefix (default: OUTPUT/model for a training output or checkpoint folder)")
-    parser.add_argument("--onnx", action="store_true", help="also write PREFIX.onnx")
+    parser.add_argument("--onnx", action="store_true", help="also write PREFIX.onnx (default: off)")
+    parser.add_argument("--check", action="store_true",
+                        help="write PREFIX.onnx and check it: input/output shapes, float16 weights, size, finite "
+                             "outputs, latency, embeddings against MXNet's; results in PREFIX-onnx-check.json "
+                             "(default: off)")
+    add_check_options(parser)
     return parser
 
 
@@ -106,8 +125,13 @@ def main(argv=None) -> int:
             raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
         files = export_model(prefix, symbol, arg_params, aux_params)
         log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
-        if args.onnx:
+        if args.onnx or args.check:
             log.info(f"ONNX: {export_onnx(prefix, prefix + '.onnx')}")
+        if args.check:
+            checks = check_onnx(prefix + ".onnx", prefix, max_latency_ms=args.max_latency_ms,
+                                tolerance=args.tolerance)
+            if not report(checks, prefix + "-onnx-check.json", prefix + ".onnx", prefix):
+                return 1
     except (PfcError, OSError) as error:
         print(f"mxnet_pfc.export: {error}", file=sys.stderr)
         return 1

@@ -70,6 +70,79 @@ def test_export_loads_in_plain_mxnet_at_any_batch_size(trained, tmp_path):
     assert_same_embeddings(got, expected[:3], tolerance=1e-4)
 
 
+@pytest.fixture(scope="module")
+def checked(trained, tmp_path_factory):
+    """(prefix, output of `export --check`) for the trained run's final checkpoint."""
+    pytest.importorskip("onnxruntime")
+    _, run = trained
+    prefix = tmp_path_factory.mktemp("checked") / "face"
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.export", run / "checkpoints" / "step-00000006",
+                        "--prefix", prefix, "--check"], timeout=180)
+    return prefix, proc
+
+
+def test_export_check_passes_on_the_exported_model(checked):
+    prefix, proc = checked
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    report = json.load(open(f"{prefix}-onnx-check.json"))
+    assert report["passed"] and all(c["ok"] for c in report["checks"]) and len(report["checks"]) == 11
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok: ", "FAILED: "))]
+    assert len(lines) == 11 and all(line.startswith("ok: ") for line in lines), proc.stdout[-3000:]
+    assert "ok: one input N x 3 x 112 x 112, batch dimension N free (N x 3 x 112 x 112)" in lines
+    # the embeddings check really compares with MXNet: the recorded differences are tiny but measured
+    compared = [c for c in report["checks"] if c["name"].startswith("embeddings equal MXNet's")]
+    assert len(compared) == 2 and all(0 <= float(c["value"]) < 1e-4 for c in compared)
+    assert any(c["name"].startswith("latency per image at batch 32") and c["value"].endswith(" ms")
+               for c in report["checks"])
+
+
+def doctor(onnx_path, out_path, how):
+    """A copy of the exported ONNX model with one defect an evaluation server refuses."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    model = onnx.load(onnx_path)
+    graph = model.graph
+    if how == "fixed batch":
+        graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    elif how == "float16":         # the embedding layer's weights stored as float16, cast back to float32 in the graph
+        weight = next(t for t in graph.initializer if len(t.dims) == 2)
+        half = numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16), weight.name + "_half")
+        graph.initializer.remove(weight)
+        graph.initializer.append(half)
+        graph.node.insert(0, helper.make_node("Cast", [half.name], [weight.name], to=TensorProto.FLOAT))
+    elif how == "two outputs":
+        graph.output.append(helper.make_tensor_value_info(graph.node[-1].input[0], TensorProto.FLOAT, ["N", None]))
+    onnx.checker.check_model(model)
+    onnx.save(model, out_path)
+    return how, weight.name + "_half" if how == "float16" else ""
+
+
+@pytest.mark.parametrize("how, failed", [
+    ("fixed batch", "FAILED: one input N x 3 x 112 x 112, batch dimension N free (1 x 3 x 112 x 112)"),
+    ("float16", "FAILED: no float16 initialisers (1; "),
+    ("two outputs", "FAILED: exactly one output (2; fc1, "),
+])
+def test_onnx_check_fails_a_doctored_model(checked, tmp_path, how, failed):
+    prefix, _ = checked
+    _, half_name = doctor(f"{prefix}.onnx", tmp_path / "bad.onnx", how)
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.onnx_check", tmp_path / "bad.onnx", "--model", prefix],
+                       timeout=120)
+    assert proc.returncode == 1 and failed in proc.stdout, proc.stdout[-3000:]
+    assert half_name in proc.stdout
+    report = json.load(open(tmp_path / "bad-onnx-check.json"))
+    failures = [c["name"] for c in report["checks"] if not c["ok"]]
+    assert not report["passed"] and failed.split(": ", 1)[1].startswith(failures[0])
+    if how == "fixed batch":       # batch 32 cannot run; batch 1 still matches MXNet
+        assert "FAILED: finite outputs on a batch of 32 (did not run" in proc.stdout
+        assert "ok: embeddings equal MXNet's at batch 1" in proc.stdout
+
+
+def test_onnx_check_refuses_a_file_that_is_not_onnx(tmp_path):
+    (tmp_path / "notes.onnx").write_text("not a model")
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.onnx_check", tmp_path / "notes.onnx"], timeout=60)
+    assert proc.returncode == 1 and "notes.onnx: cannot read as ONNX" in proc.stdout, proc.stdout[-2000:]
+
+
 def test_trainer_exports_the_final_model(trained):
     _, run = trained
     symbol, arg_params, aux_params = mx.model.load_checkpoint(str(run / "model"), 0)
@@ -147,7 +220,8 @@ def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
         assert proc.returncode == 1 and message in proc.stdout, (args, proc.stdout[-2000:])
 
 
-@pytest.mark.parametrize("command", ["mxnet_pfc.export", "mxnet_pfc.verify", "mxnet_pfc.embed"])
+@pytest.mark.parametrize("command", ["mxnet_pfc.export", "mxnet_pfc.verify", "mxnet_pfc.embed",
+                                     "mxnet_pfc.onnx_check"])
 def test_help(command):
     proc = run_command([sys.executable, "-m", command, "--help"], timeout=60)
     assert proc.returncode == 0 and "usage: python -m " + command in proc.stdout
