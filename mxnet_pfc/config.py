@@ -5,10 +5,14 @@ the --loss preset, then every `--FIELD VALUE` given. The result is a frozen
 `Config`, printed at start and written to OUTPUT/config.json.
 
 Your own data. A --dataset preset describes its own set (DATA_FIELDS: rec,
-num_classes, num_images, val_targets and the synthetic_* fields). Giving --rec
+images, num_classes, num_images, val_targets and the synthetic_* fields).
+Giving --rec (a RecordIO set) or --images (a folder ROOT/<identity>/<image>)
 drops all of those from the preset: your set is read as it is, never generated
-or written to, with only the verification sets you name, and num_classes is
-read from the set (its `property` file or header record) unless you give it.
+or written to; num_classes is read from the set (its `property` file, header
+record, or the number of identity folders) unless you give it, and a given one
+must equal the count the set states; val_targets is 'auto', every *.bin in the
+set's folder (lfw.bin, cfp_fp.bin, agedb_30.bin as InsightFace ships them),
+unless you name them (--val_targets '' for none).
 A synthetic set is generated only when synthetic_identities > 0 (the default
 preset's own set, or asked for by name), and only into a folder that is empty
 or that the generator made.
@@ -217,11 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "Launch several ranks with `horovodrun -np N -H host:slots bash config.sh [ARGS]` "
                     "or `bash run.sh [ARGS]`.",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_run = make_config({}).to_dict()
+    PRESET_DEFAULTS = {f.name: default_run[f.name] for f in fields(Config)
+                       if default_run[f.name] != f.default and f.name != "output"}
     for f in fields(Config):
         kind = _field_type(f)
         choices = PRESET_FIELDS.get(f.name)
         help_text = FIELD_HELP[f.name] + (f" One of {', '.join(choices)}." if choices else "")
-        help_text += f" Default: {f.default!r}."
+        help_text += f" Default: {f.default!r}"
+        if f.name in PRESET_DEFAULTS:
+            help_text += f" ({PRESET_DEFAULTS[f.name]!r} with the default presets)"
+        help_text += "."
         parser.add_argument(f"--{f.name}", type=lambda text, kind=kind: _parse_value(kind, text),
                             default=None, metavar=kind.__name__.upper(), help=help_text)
     return parser
