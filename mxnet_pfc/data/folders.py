@@ -93,7 +93,7 @@ def load_index(root: str, output: str, write: bool) -> FolderIndex:
         except (OSError, ValueError):
             saved = None
     if saved and saved.get("version") == INDEX_VERSION and saved.get("root") == root \
-            and saved.get("fingerprint") == current:
+            and saved.get("fingerprint") == current and saved.get("suffixes") == list(IMAGE_SUFFIXES):
         names, files = saved["identities"], saved["files"]
         paths = [os.path.join(name, f) for name, images in zip(names, files) for f in images]
         labels = np.repeat(np.arange(len(names), dtype=np.int64), [len(images) for images in files])
