@@ -5,10 +5,14 @@ the --loss preset, then every `--FIELD VALUE` given. The result is a frozen
 `Config`, printed at start and written to OUTPUT/config.json.
 
 Your own data. A --dataset preset describes its own set (DATA_FIELDS: rec,
-num_classes, num_images, val_targets and the synthetic_* fields). Giving --rec
+images, num_classes, num_images, val_targets and the synthetic_* fields).
+Giving --rec (a RecordIO set) or --images (a folder ROOT/<identity>/<image>)
 drops all of those from the preset: your set is read as it is, never generated
-or written to, with only the verification sets you name, and num_classes is
-read from the set (its `property` file or header record) unless you give it.
+or written to; num_classes is read from the set (its `property` file, header
+record, or the number of identity folders) unless you give it, and a given one
+must equal the count the set states; val_targets is 'auto', every *.bin in the
+set's folder (lfw.bin, cfp_fp.bin, agedb_30.bin as InsightFace ships them),
+unless you name them (--val_targets '' for none).
 A synthetic set is generated only when synthetic_identities > 0 (the default
 preset's own set, or asked for by name), and only into a folder that is empty
 or that the generator made.
@@ -42,9 +46,10 @@ class Config:
     # ---- data
     dataset: str = "synthetic"
     rec: str = ""                      # train.rec of a RecordIO set; "" = dummy data (speed runs)
+    images: str = ""                   # ROOT of an image folder ROOT/<identity>/<image> (instead of rec)
     num_classes: int = 0               # 0: read from the set (its `property` file or header record)
     num_images: int = 0                # images per epoch of the dummy iterator; read from the .rec otherwise
-    val_targets: tuple = ()            # verification .bin files
+    val_targets: tuple = ()            # verification .bin files; ("auto",): every *.bin beside your set
     image_size: int = 112
     synthetic_identities: int = 0      # > 0: generate a synthetic set at `rec` (in a folder of its own) if missing
     synthetic_images_per_identity: int = 20
@@ -129,10 +134,65 @@ LOSSES = {name: dict(loss=name, **{f"margin_{key}": value for key, value in pres
           for name, preset in margin.PRESETS.items()}
 PRESET_FIELDS = {"dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
 # What a --dataset preset says about its own data set. Naming your own set with
-# --rec drops all of them: its class count, verification pairs and generation
+# --rec or --images drops all of them: its class count, verification pairs and generation
 # settings describe the preset's set, not yours (the rest of the preset applies).
-DATA_FIELDS = ("rec", "num_classes", "num_images", "val_targets", "synthetic_identities",
+DATA_FIELDS = ("rec", "images", "num_classes", "num_images", "val_targets", "synthetic_identities",
                "synthetic_images_per_identity", "synthetic_val_pairs")
+
+# One sentence per field for --help: what it is and its unit (argparse adds the default).
+FIELD_HELP = {
+    "dataset": "Preset of the data set and its schedule (see the table in README's Training).",
+    "rec": "Path of train.rec of an InsightFace RecordIO set (train.idx beside it); '' trains on random "
+           "tensors (speed runs). Giving it drops the preset's data fields.",
+    "images": "Folder ROOT/<identity>/<image> to train on without packing (sorted folder names are class ids "
+              "0..C-1); the file list is cached in OUTPUT/images-index.json. Not together with --rec.",
+    "num_classes": "Number of identities (classes); 0 reads it from the set (property file, header record or "
+                   "folder count). Given, it must equal the count the set states.",
+    "num_images": "Images per epoch of the dummy iterator (--rec ''); a real set's count is read from it.",
+    "val_targets": "Verification pair sets (.bin), comma-separated; 'auto' (the default with --rec/--images) "
+                   "takes every *.bin beside your set; '' none.",
+    "image_size": "Side of the square aligned face crops, in pixels (the backbones take 112).",
+    "synthetic_identities": "Identities of a synthetic set generated at --rec if missing; 0 generates nothing.",
+    "synthetic_images_per_identity": "Images per identity of a generated synthetic set.",
+    "synthetic_val_pairs": "Verification pairs in the generated val.bin (identities never seen in training).",
+    "decode_threads": "Threads per rank that read and decode images, a few batches ahead.",
+    "network": "Backbone, by name in symbols.NETWORKS.",
+    "embedding_size": "Length of the face embedding (the backbone's output features).",
+    "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
+    "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
+    "loss": "Margin preset; sets margin_s, margin_m1, margin_m2, margin_m3.",
+    "margin_s": "Scale s of the logits (the norm the cosines are multiplied by).",
+    "margin_m1": "Multiplicative angular margin m1 (SphereFace; 1 = none).",
+    "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none).",
+    "margin_m3": "Additive cosine margin m3 (CosFace; 0 = none).",
+    "sample_rate": "Share of each rank's class centers in a step's softmax, in (0, 1]; positives always included.",
+    "batch_size": "Images per rank per step; a step trains on batch_size x ranks images.",
+    "lr": "Peak learning rate for a global batch of lr_base_batch images (scaled linearly to yours).",
+    "lr_base_batch": "Global batch size, in images, that lr is stated for.",
+    "momentum": "SGD momentum of the backbone and the class centers.",
+    "weight_decay": "L2 weight decay of the backbone and the class centers (none on biases and BN betas).",
+    "lr_schedule": "Learning-rate decay after warm-up: multistep or poly.",
+    "num_epoch": "Length of the run in epochs (of num_images // global batch steps), unless max_update is set.",
+    "decay_epochs": "multistep: epochs at which the learning rate is multiplied by lr_factor, comma-separated.",
+    "lr_factor": "multistep: factor applied at each decay epoch, in (0, 1].",
+    "warmup_epochs": "Epochs of linear warm-up from 0 to the peak learning rate.",
+    "poly_power": "poly: the learning rate is peak x (1 - progress)^poly_power.",
+    "max_update": "Length of the run in steps; 0 uses num_epoch.",
+    "output": "Output folder for logs, metrics, checkpoints and the model; default output/DATASET_NETWORK_LOSS.",
+    "context": "Device: auto (GPU local_rank when MXNet sees GPUs, else CPU), cpu or gpu.",
+    "seed": "Seed of the epoch order, mirroring, initialisation and sampling.",
+    "frequent": "Log progress every this many steps.",
+    "verbose": "Run verification every this many steps (and at the end).",
+    "val_batch_size": "Images per batch during verification.",
+    "tensorboard": "Write TensorBoard events to OUTPUT/tensorboard.",
+    "val_at_start": "Also verify the initial model before the first step (a baseline).",
+    "save_interval": "Checkpoint every this many steps (and at the end); 0 only at the end.",
+    "keep_checkpoints": "Number of newest checkpoints kept in OUTPUT/checkpoints.",
+    "resume": "Continue a run: latest, a step number, or a checkpoint folder; '' starts afresh.",
+}
+
+
+AUTO_VAL = "auto"      # val_targets: every *.bin in the folder of your own set
 
 
 class ConfigError(PfcError, ValueError):
@@ -161,12 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "Launch several ranks with `horovodrun -np N -H host:slots bash config.sh [ARGS]` "
                     "or `bash run.sh [ARGS]`.",
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_run = make_config({}).to_dict()
+    PRESET_DEFAULTS = {f.name: default_run[f.name] for f in fields(Config)
+                       if default_run[f.name] != f.default and f.name != "output"}
     for f in fields(Config):
         kind = _field_type(f)
         choices = PRESET_FIELDS.get(f.name)
-        help_text = f"default: {f.default!r}" if not choices else f"preset, one of {', '.join(choices)}; default {f.default!r}"
-        if kind is tuple:
-            help_text += " (comma-separated)"
+        help_text = FIELD_HELP[f.name] + (f" One of {', '.join(choices)}." if choices else "")
+        help_text += f" Default: {f.default!r}"
+        if f.name in PRESET_DEFAULTS:
+            help_text += f" ({PRESET_DEFAULTS[f.name]!r} with the default presets)"
+        help_text += "."
         parser.add_argument(f"--{f.name}", type=lambda text, kind=kind: _parse_value(kind, text),
                             default=None, metavar=kind.__name__.upper(), help=help_text)
     return parser
@@ -185,7 +250,7 @@ def make_config(overrides: "dict | None" = None) -> Config:
         if name not in table:
             raise ConfigError(f"unknown {preset_field} {name!r}; choose one of: {', '.join(table)}")
         preset = table[name]
-        if preset_field == "dataset" and "rec" in overrides:
+        if preset_field == "dataset" and ("rec" in overrides or "images" in overrides):
             preset = {key: value for key, value in preset.items() if key not in DATA_FIELDS}
         values.update(preset)
     for name, value in overrides.items():
@@ -197,6 +262,9 @@ def make_config(overrides: "dict | None" = None) -> Config:
         values["num_classes"] = values["synthetic_identities"]
     values["decay_epochs"] = tuple(float(v) for v in values["decay_epochs"])
     values["val_targets"] = tuple(str(v) for v in values["val_targets"])
+    if (values["rec"] or values["images"]) and "val_targets" not in overrides and \
+            ("rec" in overrides or "images" in overrides):
+        values["val_targets"] = (AUTO_VAL,)       # your own set: the .bin files beside it (run_plan finds them)
     if not values["output"]:
         values["output"] = os.path.join("output", f"{values['dataset']}_{values['network']}_{values['loss']}")
     config = Config(**values)
@@ -210,8 +278,12 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{name} = {getattr(config, name)!r}: {what}")
 
     require(config.network in symbols.NETWORKS, "network", f"not a registered network ({', '.join(symbols.names())})")
-    require(config.num_classes >= 1 or (config.rec and config.num_classes == 0), "num_classes",
-            "must be at least 1 (0, read from the set, needs --rec)")
+    require(not (config.rec and config.images), "images",
+            f"--images and --rec ({config.rec!r}) name two training sets: give one")
+    require(config.num_classes >= 1 or ((config.rec or config.images) and config.num_classes == 0), "num_classes",
+            "must be at least 1 (0, read from the set, needs --rec or --images)")
+    require(AUTO_VAL not in config.val_targets or (len(config.val_targets) == 1 and (config.rec or config.images)),
+            "val_targets", f"{AUTO_VAL!r} (the .bin files beside your set) stands alone and needs --rec or --images")
     require(config.embedding_size >= 1, "embedding_size", "must be at least 1")
     require(config.batch_size >= 1, "batch_size", "must be at least 1")
     require(0.0 < config.sample_rate <= 1.0, "sample_rate", "must be in (0, 1]")
@@ -233,7 +305,8 @@ def validate(config: Config) -> None:
     require(config.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1")
     require(config.image_size == 112, "image_size", "the backbones take 112x112 faces")
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
-    require(config.rec or config.num_images > 0, "num_images", "dummy data (rec = '') needs num_images > 0")
+    require(config.rec or config.images or config.num_images > 0, "num_images",
+            "dummy data (rec = '') needs num_images > 0")
     require(config.margin_s > 0, "margin_s", "must be positive")
     require(config.synthetic_identities == 0 or config.rec, "synthetic_identities", "generation needs --rec")
     require(config.synthetic_identities in (0, config.num_classes) or config.num_classes == 0, "synthetic_identities",

@@ -9,12 +9,14 @@ See docs/DESIGN.md section 4.5.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import math
+import os
 from dataclasses import dataclass
 
 from . import config as config_lib
-from .data.iterators import count_classes
+from .data.iterators import count_classes, stated_classes
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +38,38 @@ class RunPlan:
                 f"({lr_schedule}), context {self.context}")
 
 
-def resolve_config(cfg: config_lib.Config, world: int) -> config_lib.Config:
-    """The configuration completed from the data (num_classes) and checked against the world size."""
-    if cfg.rec and cfg.num_classes == 0:
-        cfg = dataclasses.replace(cfg, num_classes=count_classes(cfg.rec))
-        log.info(f"num_classes = {cfg.num_classes}, read from the set {cfg.rec}")
+def resolve_config(cfg: config_lib.Config, world: int, index=None) -> config_lib.Config:
+    """The configuration completed from the data (num_classes, val_targets 'auto') and checked against
+    the world size. `index` is the data.folders.FolderIndex of --images."""
+    cfg = resolve_classes(cfg, index)
+    if cfg.val_targets == (config_lib.AUTO_VAL,):
+        folder = cfg.images or os.path.dirname(cfg.rec) or "."
+        found = tuple(sorted(glob.glob(os.path.join(glob.escape(folder), "*.bin"))))
+        cfg = dataclasses.replace(cfg, val_targets=found)
+        log.info(f"verification sets found beside the set in {folder}: {', '.join(map(os.path.basename, found))}"
+                 if found else f"no verification sets (*.bin) beside the set in {folder}: none used")
     if cfg.num_classes < world:
         raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} is below the number of ranks ({world}): "
                                      f"every rank must own at least one class; use at most {cfg.num_classes} ranks")
+    return cfg
+
+
+def resolve_classes(cfg: config_lib.Config, index=None) -> config_lib.Config:
+    """num_classes from the set when not given; a given one must equal the count the set states."""
+    if index is not None:
+        stated, source = index.num_classes, f"{cfg.images} ({index.num_classes} identity folders with images)"
+    elif cfg.rec and cfg.synthetic_identities == 0:        # a generated set is made to match num_classes
+        stated, source = stated_classes(cfg.rec)
+    else:
+        return cfg
+    if cfg.num_classes == 0:
+        if stated is None:
+            count_classes(cfg.rec)        # raises: the set is missing, or states no count
+        log.info(f"num_classes = {stated}, read from the set {source}")
+        return dataclasses.replace(cfg, num_classes=stated)
+    if stated is not None and stated != cfg.num_classes:
+        raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} was given, but the set states {stated} "
+                                     f"identities ({source}): leave --num_classes out to use the set's count")
     return cfg
 
 

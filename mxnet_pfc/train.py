@@ -28,8 +28,8 @@ import symbols
 from . import checkpoint, comm, device, logs, run_lock, seeding, stops
 from . import config as config_lib
 from . import resume as resume_lib
-from .data import synthetic
-from .data.iterators import DummyIter, RecordIter
+from .data import folders, synthetic
+from .data.iterators import DummyIter, FolderIter, RecordIter
 from .eval.verification import Verifier
 from .export import export_model
 from .files import write_json
@@ -49,7 +49,7 @@ class Setup:
     """What a rank prepares on its own before any collective: data, device, network, plan."""
     cfg: config_lib.Config          # completed from the data (num_classes)
     ctx: mx.Context
-    data: "RecordIter | DummyIter"
+    data: "RecordIter | FolderIter | DummyIter"
     symbol: mx.sym.Symbol
     verifier: "Verifier | None"     # rank 0's, when there are verification sets
     plan: RunPlan
@@ -59,7 +59,8 @@ class Setup:
 
 def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
     """This rank's setup, without collectives, so that every rank can agree on its success first."""
-    cfg = resolve_config(cfg, world)
+    index = folders.load_index(cfg.images, cfg.output, write=rank == 0) if cfg.images else None
+    cfg = resolve_config(cfg, world, index)
     if cfg.rec and cfg.synthetic_identities > 0:
         synthetic.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
                          cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs, comm.local_rank())
@@ -70,6 +71,10 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
     image_shape = (cfg.image_size, cfg.image_size)
     if cfg.rec:
         data = RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
+                          image_size=image_shape, threads=cfg.decode_threads)
+        num_images = data.num_images
+    elif cfg.images:
+        data = FolderIter(index, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
                           image_size=image_shape, threads=cfg.decode_threads)
         num_images = data.num_images
     else:

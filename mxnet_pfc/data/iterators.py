@@ -15,7 +15,8 @@ from typing import NamedTuple
 import mxnet as mx
 import numpy as np
 
-from .records import DataError, decode_image_record, open_records, read_property, read_record
+from .faces import ImageError, decode_face
+from .records import DataError, open_records, read_property, read_record, unpack_image_record
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +24,25 @@ log = logging.getLogger(__name__)
 def count_classes(rec_path: str) -> int:
     """The number of identities of a RecordIO set: its `property` file (InsightFace's
     `num_classes,112,112`) when there is one, else its header record."""
-    folder = os.path.dirname(rec_path) or "."
-    if os.path.exists(os.path.join(folder, "property")):
-        return read_property(folder)[0]
-    reader, records = open_records(rec_path)
-    reader.close()
-    if records.num_identities is None:
+    count, _ = stated_classes(rec_path)
+    if count is None:
         raise DataError(f"{rec_path}: the set has no header record and no `property` file beside it, so its "
                         "number of identities is unknown: give it with --num_classes")
-    return records.num_identities
+    return count
+
+
+def stated_classes(rec_path: str) -> "tuple[int | None, str]":
+    """(identities, the file that says so) of a RecordIO set: its `property` file, else its header
+    record; (None, '') when it states none (no header) or does not exist yet."""
+    folder = os.path.dirname(rec_path) or "."
+    prop = os.path.join(folder, "property")
+    if os.path.exists(prop):
+        return read_property(folder)[0], prop
+    if not os.path.exists(rec_path):
+        return None, ""
+    reader, records = open_records(rec_path)
+    reader.close()
+    return records.num_identities, f"{rec_path} (header record)"
 
 
 class Batch(NamedTuple):
@@ -62,25 +73,28 @@ def epoch_order(num_images: int, batch_size: int, rank: int, world_size: int, se
     return order.reshape(steps, world_size, batch_size)[:, rank]
 
 
-class RecordIter:
-    """This rank's shard of an InsightFace RecordIO set, decoded in background threads.
+class ShardedIter:
+    """This rank's shard of a list of encoded face images, decoded in background threads.
 
-    A producer thread reads raw records in order and hands the decoding
-    (faces.decode_face) to a pool of `threads`; up to `prefetch` decoded
-    batches wait in a queue, so the training loop does not wait when decoding
-    keeps up. Images are RGB, randomly mirrored when rand_mirror.
+    The epoch logic (order, rank slices, mirroring, decoding, prefetch, the
+    damaged-image policy) lives here once; a source only says how many images
+    there are and how to read image i: `read(i) -> (encoded bytes, label,
+    source name)`, where the name starts any error message about the image.
+    A producer thread walks the epoch order and hands reading and decoding
+    (faces.decode_face) to a pool of `threads` (a source whose reads are not
+    thread-safe takes a lock); up to `prefetch` decoded batches wait in a
+    queue, so the training loop does not wait when decoding keeps up. Images
+    are RGB, randomly mirrored when rand_mirror. A damaged image stops the
+    iterator with a DataError naming it.
     """
 
-    def __init__(self, rec_path: str, batch_size: int, num_classes: int, rank: int = 0, world_size: int = 1,
+    def __init__(self, source, batch_size: int, num_classes: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, rand_mirror: bool = True, image_size: "tuple[int, int]" = (112, 112),
                  threads: int = 2, prefetch: int = 4):
-        self.reader, self.records = open_records(rec_path)
+        self.source = source
         self.batch_size, self.num_classes = batch_size, num_classes
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.rand_mirror, self.image_size = rand_mirror, tuple(image_size)
-        if self.records.num_identities is not None and self.records.num_identities > num_classes:
-            raise DataError(f"{rec_path}: the header lists {self.records.num_identities} identities, "
-                            f"more than num_classes = {num_classes}")
         self.steps_per_epoch = steps_in_epoch(self.num_images, batch_size, world_size)
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
@@ -96,12 +110,17 @@ class RecordIter:
 
     @property
     def num_images(self) -> int:
-        return len(self.records.image_records)
+        return len(self.source)
 
-    def _decode(self, args) -> "tuple[np.ndarray, float]":
-        record, raw, mirror = args
-        image, label = decode_image_record(raw, record, self.reader.idx[record], self.records.rec_path,
-                                           self.num_classes, self.image_size)
+    def _load(self, args) -> "tuple[np.ndarray, float]":
+        position, mirror = args
+        payload, label, where = self.source.read(int(position))
+        if not (0 <= label < self.num_classes and label == int(label)):
+            raise DataError(f"{where} has label {label}, outside the classes [0, {self.num_classes})")
+        try:
+            image = decode_face(payload, where, self.image_size)
+        except ImageError as error:
+            raise DataError(str(error)) from None
         return (image[:, ::-1] if mirror else image), label        # already RGB; the mirror is a view
 
     def _produce(self, epoch: int, skip: int) -> None:
@@ -113,10 +132,8 @@ class RecordIter:
                 if self.rand_mirror and skip:
                     mirror_rng.random(skip * self.batch_size)      # the draws of the skipped steps
                 for positions in order[skip:]:
-                    records = self.records.image_records[positions]
-                    raws = [read_record(self.reader, int(r), self.records.rec_path) for r in records]
-                    mirrors = mirror_rng.random(len(records)) < 0.5 if self.rand_mirror else [False] * len(records)
-                    decoded = list(self._pool.map(self._decode, zip(records, raws, mirrors)))
+                    mirrors = mirror_rng.random(len(positions)) < 0.5 if self.rand_mirror else [False] * len(positions)
+                    decoded = list(self._pool.map(self._load, zip(positions, mirrors)))
                     data = np.stack([image for image, _ in decoded])      # uint8 NHWC: the least work here
                     labels = np.array([label for _, label in decoded], dtype=np.int64)
                     if not self._put((data, labels, epoch)):
@@ -140,7 +157,7 @@ class RecordIter:
     def __next__(self) -> Batch:
         if self._producer is None:
             self._producer = threading.Thread(target=self._produce, args=divmod(self._start_step, self.steps_per_epoch),
-                                              daemon=True, name="records")
+                                              daemon=True, name="images")
             self._producer.start()
         item = self._queue.get()
         if isinstance(item, BaseException):
@@ -154,6 +171,45 @@ class RecordIter:
     def close(self) -> None:
         self._stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class RecordSource:
+    """The image records of a RecordIO set, item i = the i-th image record in file order."""
+
+    def __init__(self, rec_path: str):
+        self.reader, self.records = open_records(rec_path)
+        self._lock = threading.Lock()      # one file handle: a read is a seek and a read
+
+    def __len__(self) -> int:
+        return len(self.records.image_records)
+
+    def read(self, i: int) -> "tuple[bytes, float, str]":
+        key = int(self.records.image_records[i])
+        with self._lock:
+            raw = read_record(self.reader, key, self.records.rec_path)
+        return unpack_image_record(raw, key, self.reader.idx[key], self.records.rec_path)
+
+
+class RecordIter(ShardedIter):
+    """This rank's shard of an InsightFace RecordIO set (see ShardedIter)."""
+
+    def __init__(self, rec_path: str, batch_size: int, num_classes: int, *args, **options):
+        source = RecordSource(rec_path)
+        self.reader, self.records = source.reader, source.records
+        if self.records.num_identities is not None and self.records.num_identities > num_classes:
+            raise DataError(f"{rec_path}: the header lists {self.records.num_identities} identities, "
+                            f"more than num_classes = {num_classes}")
+        super().__init__(source, batch_size, num_classes, *args, **options)
+
+
+class FolderIter(ShardedIter):
+    """This rank's shard of an image folder ROOT/<identity>/<image> (data/folders.py's index)."""
+
+    def __init__(self, index, batch_size: int, num_classes: int, *args, **options):
+        if index.num_classes > num_classes:
+            raise DataError(f"{index.root}: holds {index.num_classes} identity folders, "
+                            f"more than num_classes = {num_classes}")
+        super().__init__(index, batch_size, num_classes, *args, **options)
 
 
 class DummyIter:

@@ -15,6 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from ..errors import PfcError
+from ..exchange import FLOAT32_EXACT_INT
 from .faces import DamagedJPEG, ImageError, decode_face  # noqa: F401 (DamagedJPEG: its old home)
 
 
@@ -38,7 +39,16 @@ def read_property(folder: str) -> "tuple[int, int, int]":
         num_classes, height, width = fields
     except (OSError, ValueError) as error:
         raise DataError(f"{path}: expected 'num_classes,112,112' ({error})") from None
+    check_class_count(num_classes, path)
     return num_classes, height, width
+
+
+def check_class_count(num_classes: int, source: str) -> None:
+    """Refuse more classes than float32 labels can name exactly (RecordIO labels are float32)."""
+    if num_classes > FLOAT32_EXACT_INT:
+        raise DataError(f"{source}: states {num_classes:,} identities, but RecordIO labels are float32 and "
+                        f"name class ids exactly only up to 2^24 = {FLOAT32_EXACT_INT:,}: this set cannot "
+                        "be read correctly (split it, or train from an image folder with --images)")
 
 
 def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.recordio.MXIndexedRecordIO, RecordSet]":
@@ -71,6 +81,7 @@ def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.record
                             "expected 1 <= first_identity_record <= end")
         images = np.arange(1, first_identity, dtype=np.int64)
         identities = end - first_identity
+        check_class_count(identities, f"{rec_path} (header record)")
         if len(reader.keys) < end:
             raise DataError(f"{idx_path}: lists {len(reader.keys)} records, but the header of {rec_path} "
                             f"announces {end}: the index is truncated")
@@ -122,16 +133,22 @@ def read_record(reader: mx.recordio.MXIndexedRecordIO, key: int, rec_path: str) 
     return raw
 
 
-def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_classes: int,
-                        image_size: "tuple[int, int]") -> "tuple[np.ndarray, float]":
-    """(RGB image, class id) of an image record (faces.decode_face: strict, no resize);
-    anything wrong is a DataError naming its position."""
+def unpack_image_record(raw: bytes, key: int, offset: int, rec_path: str) -> "tuple[bytes, float, str]":
+    """(encoded image, class id, where) of an image record; a header that does not unpack is a DataError."""
     where = f"{rec_path}: record {key} (byte {offset})"
     try:
         header, payload = mx.recordio.unpack(raw)
         label = image_label(header)
     except (ValueError, TypeError, struct.error) as error:      # too short, or a malformed array label
         raise DataError(f"{where} has a header that does not unpack: {error}") from None
+    return payload, label, where
+
+
+def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_classes: int,
+                        image_size: "tuple[int, int]") -> "tuple[np.ndarray, float]":
+    """(RGB image, class id) of an image record (faces.decode_face: strict, no resize);
+    anything wrong is a DataError naming its position."""
+    payload, label, where = unpack_image_record(raw, key, offset, rec_path)
     if not (0 <= label < num_classes and label == int(label)):
         raise DataError(f"{where} has label {label}, outside the classes [0, {num_classes})")
     try:
@@ -156,6 +173,7 @@ class RecordWriter:
     """
 
     def __init__(self, folder: str, num_images: int, num_identities: int, prefix: str = "train"):
+        check_class_count(num_identities, os.path.join(folder, prefix + ".rec"))
         os.makedirs(folder, exist_ok=True)
         self.folder = folder
         self.rec_path = os.path.join(folder, prefix + ".rec")
@@ -170,6 +188,9 @@ class RecordWriter:
         self._ranges: list[tuple[int, int]] = []     # (first_image, end_image) per identity
 
     def add(self, class_id: int, encoded: bytes) -> None:
+        if not 0 <= class_id < FLOAT32_EXACT_INT:
+            raise DataError(f"class id {class_id:,}: RecordIO labels are float32, exact only for class ids "
+                            f"below 2^24 = {FLOAT32_EXACT_INT:,}; a set with more identities cannot be written")
         if class_id == len(self._ranges):
             self._ranges.append((self._next, self._next))
         elif class_id != len(self._ranges) - 1:
