@@ -312,7 +312,8 @@ def test_wheel_ships_the_packages_the_kernel_source_and_the_commands(tmp_path):
     entry_points = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith("entry_points.txt"))
     for command in ("mxnet-pfc-train = mxnet_pfc.train:main", "mxnet-pfc-export", "mxnet-pfc-embed",
                     "mxnet-pfc-verify", "mxnet-pfc-plan", "mxnet-pfc-pack = mxnet_pfc.data.pack:main",
-                    "mxnet-pfc-check = mxnet_pfc.data.check:main", "mxnet-pfc-synthetic"):
+                    "mxnet-pfc-check = mxnet_pfc.data.check:main", "mxnet-pfc-synthetic", "mxnet-pfc-ijb = mxnet_pfc.ijb:main",
+                    "mxnet-pfc-onnx-check = mxnet_pfc.onnx_check:main"):
         assert command in entry_points, command
 
 
