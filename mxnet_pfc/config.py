@@ -10,7 +10,7 @@ Giving --rec (a RecordIO set) or --images (a folder ROOT/<identity>/<image>)
 drops all of those from the preset: your set is read as it is, never generated
 or written to; num_classes is read from the set (its `property` file, header
 record, or the number of identity folders) unless you give it, and a given one
-must equal the count the set states; val_targets is 'auto', every *.bin in the
+may not be below the count the set states; val_targets is 'auto', every *.bin in the
 set's folder (lfw.bin, cfp_fp.bin, agedb_30.bin as InsightFace ships them),
 unless you name them (--val_targets '' for none).
 A synthetic set is generated only when synthetic_identities > 0 (the default
@@ -147,7 +147,7 @@ FIELD_HELP = {
     "images": "Folder ROOT/<identity>/<image> to train on without packing (sorted folder names are class ids "
               "0..C-1); the file list is cached in OUTPUT/images-index.json. Not together with --rec.",
     "num_classes": "Number of identities (classes); 0 reads it from the set (property file, header record or "
-                   "folder count). Given, it must equal the count the set states.",
+                   "folder count). Given, it may not be below the count the set states.",
     "num_images": "Images per epoch of the dummy iterator (--rec ''); a real set's count is read from it.",
     "val_targets": "Verification pair sets (.bin), comma-separated; 'auto' (the default with --rec/--images) "
                    "takes every *.bin beside your set; '' none.",

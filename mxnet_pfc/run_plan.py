@@ -55,7 +55,12 @@ def resolve_config(cfg: config_lib.Config, world: int, index=None) -> config_lib
 
 
 def resolve_classes(cfg: config_lib.Config, index=None) -> config_lib.Config:
-    """num_classes from the set when not given; a given one must equal the count the set states."""
+    """num_classes from the set when not given; a given one may not be below the count the set states.
+
+    Below it, the set's labels would fall outside the head's classes: refused.
+    Above it, the extra classes have no images (a larger head on a small set,
+    as the tests and speed runs use): said in the log, kept as given.
+    """
     if index is not None:
         stated, source = index.num_classes, f"{cfg.images} ({index.num_classes} identity folders with images)"
     elif cfg.rec and cfg.synthetic_identities == 0:        # a generated set is made to match num_classes
@@ -67,9 +72,13 @@ def resolve_classes(cfg: config_lib.Config, index=None) -> config_lib.Config:
             count_classes(cfg.rec)        # raises: the set is missing, or states no count
         log.info(f"num_classes = {stated}, read from the set {source}")
         return dataclasses.replace(cfg, num_classes=stated)
-    if stated is not None and stated != cfg.num_classes:
+    if stated is not None and stated > cfg.num_classes:
         raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} was given, but the set states {stated} "
                                      f"identities ({source}): leave --num_classes out to use the set's count")
+    if stated is not None and stated < cfg.num_classes:
+        log.warning(f"num_classes = {cfg.num_classes} was given, but the set states {stated} identities ({source}): "
+                    f"the {cfg.num_classes - stated} classes above them have no images (leave --num_classes out to "
+                    f"use the set's count)")
     return cfg
 
 

@@ -109,14 +109,17 @@ def own_config(*argv):
     return config_lib.parse_args([str(a) for a in argv])
 
 
-def test_num_classes_must_match_the_set(faces, tmp_path):
+def test_num_classes_must_cover_the_set(faces, tmp_path, caplog):
     rec = tmp_path / "rec" / "train.rec"
     pack(str(faces), str(rec.parent), threads=2)
     assert resolve_config(own_config("--rec", rec), 2).num_classes == IDENTITIES
     assert resolve_config(own_config("--rec", rec, "--num_classes", IDENTITIES), 2).num_classes == IDENTITIES
-    with pytest.raises(config_lib.ConfigError, match=f"num_classes = 70 was given, but the set states {IDENTITIES} "
-                       f"identities .{rec.parent / 'property'}"):
-        resolve_config(own_config("--rec", rec, "--num_classes", 70), 2)
+    with pytest.raises(config_lib.ConfigError, match=f"num_classes = {IDENTITIES - 1} was given, but the set states "
+                       f"{IDENTITIES} identities .{rec.parent / 'property'}"):
+        resolve_config(own_config("--rec", rec, "--num_classes", IDENTITIES - 1), 2)
+    with caplog.at_level("WARNING"):      # more classes than the set: kept, and said
+        assert resolve_config(own_config("--rec", rec, "--num_classes", 70), 2).num_classes == 70
+    assert f"the {70 - IDENTITIES} classes above them have no images" in caplog.text
     index = folders.scan(str(faces))
     with pytest.raises(config_lib.ConfigError, match=f"num_classes = 50 was given.*states {IDENTITIES}.*{faces}"):
         resolve_config(own_config("--images", faces, "--num_classes", 50), 2, index)
