@@ -50,6 +50,7 @@ class Config:
     num_classes: int = 0               # 0: read from the set (its `property` file or header record)
     num_images: int = 0                # images per epoch of the dummy iterator; read from the .rec otherwise
     val_targets: tuple = ()            # verification .bin files; ("auto",): every *.bin beside your set
+    ijb_targets: tuple = ()            # IJB-layout sets verified with them: ROOT or ROOT:IJBB
     image_size: int = 112
     synthetic_identities: int = 0      # > 0: generate a synthetic set at `rec` (in a folder of its own) if missing
     synthetic_images_per_identity: int = 20
@@ -151,6 +152,9 @@ FIELD_HELP = {
     "num_images": "Images per epoch of the dummy iterator (--rec ''); a real set's count is read from it.",
     "val_targets": "Verification pair sets (.bin), comma-separated; 'auto' (the default with --rec/--images) "
                    "takes every *.bin beside your set; '' none.",
+    "ijb_targets": "IJB-B/IJB-C-layout test sets verified with the .bin sets (rank 0, every --verbose steps), "
+                   "comma-separated: ROOT (read as IJBC) or ROOT:IJBB; logs exact TAR at FAR 1e-4 and 1e-3 and "
+                   "the 1:N mean top-1 (python -m mxnet_pfc.ijb gives the whole report).",
     "image_size": "Side of the square aligned face crops, in pixels (the backbones take 112).",
     "synthetic_identities": "Identities of a synthetic set generated at --rec if missing; 0 generates nothing.",
     "synthetic_images_per_identity": "Images per identity of a generated synthetic set.",

@@ -49,10 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def embed_faces(root: str, faces: ijb_data.Faces, embedder: Embedder, batch_size: int) -> np.ndarray:
+def embed_faces(root: str, faces: ijb_data.Faces, embedder: Embedder, batch_size: int,
+                progress: bool = True) -> np.ndarray:
     """(N, D) float64: embedding of each aligned face plus that of its mirror image, not normalised."""
     out = []
-    with tqdm(total=len(faces.names), desc="IJB images", unit="img", file=sys.stderr) as bar:
+    with tqdm(total=len(faces.names), desc="IJB images", unit="img", file=sys.stderr, disable=not progress) as bar:
         for start in range(0, len(faces.names), batch_size):
             indices = range(start, min(start + batch_size, len(faces.names)))
             batch = np.stack([ijb_data.aligned_face(root, faces, i) for i in indices])
@@ -121,35 +122,69 @@ def print_report(target: str, mode: str, report: dict) -> None:
         print(f"{target} 1:N [{mode}] {name}: {tops}, {tpirs}")
 
 
+class IJBSet:
+    """One IJB-layout set, its meta files read (and checked) once; evaluated against any parameters.
+
+    The trainer keeps one per --ijb_targets entry (rank 0) and evaluates it with
+    the .bin sets; the command evaluates one saved model.
+    """
+
+    def __init__(self, root: str, target: str, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64,
+                 score_weight: bool = True):
+        self.root, self.target, self.batch_size, self.score_weight = root, target, batch_size, score_weight
+        self.name = target.lower()
+        self.faces = ijb_data.read_faces(root, self.name)
+        self.templates = np.unique(self.faces.templates)
+        self.pairs = ijb_data.read_pairs(root, self.name, self.templates)
+        self.one_to_n = {name: ijb_data.read_subjects(path, self.templates)
+                         for name, path in ijb_data.one_to_n_paths(root, self.name).items()}
+        self.mode = "flip-sum, " + ("detector-score weighted" if score_weight else "unweighted")
+        self.embedder = Embedder(symbol, ctx, batch_size)
+
+    def describe(self) -> str:
+        galleries = " ".join(n for n in self.one_to_n if n != "probe")
+        return (f"{self.target} ({self.root}): {len(self.faces.names)} images, {len(self.templates)} templates, "
+                f"{len(self.pairs[0])} pairs" + (f", 1:N galleries {galleries}" if galleries else ", no 1:N files"))
+
+    def evaluate(self, arg_params: dict, aux_params: dict, progress: bool = True) -> "tuple[dict, dict]":
+        """(report, curves): the 1:1 (and 1:N) figures of these parameters, and the ROC / CMC curves."""
+        self.embedder.set_params(arg_params, aux_params)
+        image_features = embed_faces(self.root, self.faces, self.embedder, self.batch_size, progress)
+        if self.score_weight:
+            image_features *= self.faces.scores[:, None]
+        features = ijb_metrics.template_features(image_features, self.faces.templates, self.faces.medias,
+                                                 self.templates)
+        report = {"target": self.target, "mode": self.mode, "images": len(self.faces.names),
+                  "templates": int(len(self.templates))}
+        report["verification"], roc = verification_report(features, self.templates, self.pairs)
+        curves = {"roc": roc}
+        if self.one_to_n:
+            report["identification"], curves["cmc"] = identification_report(features, self.templates, self.one_to_n)
+        return report, curves
+
+
+def headline(report: dict) -> "dict[str, float]":
+    """The figures the trainer logs each verification: exact TAR at FAR 1e-4 and 1e-3, mean top-1 (1:N)."""
+    figures = {f"tar_at_far_{far}": report["verification"]["far"][far]["tar"] for far in ("0.0001", "0.001")}
+    if "identification" in report:
+        figures["top1"] = report["identification"]["mean"]["top1"]
+    return figures
+
+
 def evaluate(args) -> dict:
-    target = args.target.lower()
-    faces = ijb_data.read_faces(args.root, target)
-    templates = np.unique(faces.templates)
-    pairs = ijb_data.read_pairs(args.root, target, templates)
-    one_to_n = {name: ijb_data.read_subjects(path, templates)
-                for name, path in ijb_data.one_to_n_paths(args.root, target).items()}
     symbol, arg_params, aux_params, source = load_model(args.model)
     ctx = mx.gpu(0) if args.context == "gpu" else mx.cpu()
-    print(f"{source}: {len(faces.names)} images, {len(templates)} templates, {len(pairs[0])} pairs"
-          + (", 1:N galleries " + " ".join(n for n in one_to_n if n != "probe") if one_to_n else ", no 1:N files"),
-          file=sys.stderr)
-    embedder = Embedder(symbol, ctx, args.batch_size)
-    embedder.set_params(arg_params, aux_params)
-    image_features = embed_faces(args.root, faces, embedder, args.batch_size)
-    if not args.no_score_weight:
-        image_features *= faces.scores[:, None]
-    mode = "flip-sum, " + ("unweighted" if args.no_score_weight else "detector-score weighted")
-    features = ijb_metrics.template_features(image_features, faces.templates, faces.medias, templates)
-    report = {"model": source, "target": args.target, "mode": mode, "images": len(faces.names),
-              "templates": int(len(templates))}
-    report["verification"], roc = verification_report(features, templates, pairs)
+    ijb = IJBSet(args.root, args.target, symbol, ctx, args.batch_size, score_weight=not args.no_score_weight)
+    print(f"{source}: {ijb.describe()}", file=sys.stderr)
+    found, curves = ijb.evaluate(arg_params, aux_params)
+    report = {"model": source, **found}
+    target, mode = ijb.name, ijb.mode
     os.makedirs(args.output, exist_ok=True)
-    plots.draw_roc(os.path.join(args.output, f"ijb-{target}-roc.png"), {f"{args.target} [{mode}]": roc},
+    plots.draw_roc(os.path.join(args.output, f"ijb-{target}-roc.png"), {f"{args.target} [{mode}]": curves["roc"]},
                    f"{args.target} 1:1 ROC, {source}")
-    if one_to_n:
-        report["identification"], curves = identification_report(features, templates, one_to_n)
+    if "cmc" in curves:
         plots.draw_cmc(os.path.join(args.output, f"ijb-{target}-cmc.png"),
-                       {f"{name} [{mode}]": c for name, c in curves.items()}, f"{args.target} 1:N CMC, {source}")
+                       {f"{name} [{mode}]": c for name, c in curves["cmc"].items()}, f"{args.target} 1:N CMC, {source}")
     write_json(os.path.join(args.output, f"ijb-{target}.json"), report)
     return report
 

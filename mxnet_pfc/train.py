@@ -33,6 +33,8 @@ from .data.iterators import DummyIter, FolderIter, RecordIter
 from .eval.verification import Verifier
 from .export import export_model
 from .files import write_json
+from .ijb import IJBSet
+from .ijb import headline as ijb_headline
 from .inference import float32_params, inference_symbol
 from .lr_schedule import LRSchedule
 from .margin import CombinedMarginLoss
@@ -52,6 +54,7 @@ class Setup:
     data: "RecordIter | FolderIter | DummyIter"
     symbol: mx.sym.Symbol
     verifier: "Verifier | None"     # rank 0's, when there are verification sets
+    ijb_sets: tuple                 # rank 0's IJB-layout sets (ijb.IJBSet), when asked for
     plan: RunPlan
     schedule: LRSchedule
     resume: "resume_lib.Resume | None"
@@ -86,12 +89,22 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
               if cfg.resume else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
-    verifier = None
+    verifier, ijb_sets = None, ()
+    eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
     if rank == 0 and cfg.val_targets:
-        eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
         verifier = Verifier(cfg.val_targets, eval_symbol, ctx, cfg.val_batch_size, cfg.image_size)
+    if rank == 0 and cfg.ijb_targets:
+        ijb_sets = tuple(IJBSet(*ijb_target(entry), eval_symbol, ctx, cfg.val_batch_size) for entry in cfg.ijb_targets)
+        for ijb_set in ijb_sets:
+            log.info(f"IJB set {ijb_set.describe()}")
     data.seek(resume.step if resume else 0)
-    return Setup(cfg, ctx, data, symbol, verifier, plan, schedule, resume)
+    return Setup(cfg, ctx, data, symbol, verifier, ijb_sets, plan, schedule, resume)
+
+
+def ijb_target(entry: str) -> "tuple[str, str]":
+    """(root, target) of an --ijb_targets entry: ROOT (IJB-C) or ROOT:IJBB / ROOT:IJBC."""
+    root, _, target = entry.rpartition(":") if entry.upper().endswith((":IJBB", ":IJBC")) else (entry, "", "IJBC")
+    return root, target.upper()
 
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
@@ -231,12 +244,28 @@ class Trainer:
                            samples_per_sec=total, data_wait_fraction=figures["data_wait_fraction"])
 
     def verify(self, step: int, params=None) -> dict:
-        """Rank 0: the verification report of `params` (default: rank 0's current backbone)."""
+        """Rank 0: the verification report of `params` (default: rank 0's current backbone).
+
+        .bin sets: accuracy and the best so far (kept in checkpoints); IJB sets: their headline figures.
+        """
         verifier = self.setup.verifier
-        if verifier is None:
+        if verifier is None and not self.setup.ijb_sets:
             return {}
+        params = params or self.module.get_params()
+        reports = {}
+        for ijb_set in self.setup.ijb_sets:
+            began = time.time()
+            report, _ = ijb_set.evaluate(*params, progress=False)
+            figures = ijb_headline(report)
+            log.info(f"step {step}: IJB {ijb_set.target} [{ijb_set.mode}]: "
+                     + ", ".join(f"{key} {value:.4f}" for key, value in figures.items())
+                     + f" ({time.time() - began:.1f} s)")
+            self.metrics.write(step, **{f"ijb/{ijb_set.name}/{key}": value for key, value in figures.items()})
+            reports[f"ijb-{ijb_set.name}"] = report
+        if verifier is None:
+            return reports
         began = time.time()
-        found = verifier.evaluate(*(params or self.module.get_params()))
+        found = verifier.evaluate(*params)
         for name, result in found.items():
             if result.accuracy > self.best.get(name, {}).get("accuracy", -1.0):
                 self.best[name] = dict(accuracy=result.accuracy, step=step)
@@ -245,7 +274,7 @@ class Trainer:
                      f"at step {best['step']} ({time.time() - began:.1f} s)")
             self.metrics.write(step, **{f"val/{name}/{key}": value for key, value in result.as_dict().items()},
                                **{f"val/{name}/best_accuracy": best["accuracy"]})
-        return {name: result.as_dict() for name, result in found.items()}
+        return {**{name: result.as_dict() for name, result in found.items()}, **reports}
 
     def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
         """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""
@@ -300,7 +329,8 @@ class Trainer:
             summary = dict(steps=steps, final_loss=loss, seconds=round(time.time() - started, 1),
                            verification=results, best=self.best)
             self.metrics.write(steps, summary=summary)
-            accuracies = ", ".join(f"{name} {r['accuracy']:.4f}" for name, r in results.items()) or "no sets"
+            accuracies = ", ".join(f"{name} {r['accuracy']:.4f}" for name, r in results.items()
+                                   if "accuracy" in r) or "no .bin sets"
             log.info(f"done: {steps} steps in {format_duration(time.time() - started)}, "
                      f"final loss {loss:.4f}, verification of the exported model: {accuracies}; checkpoint {last}; "
                      f"model for inference: {prefix}-symbol.json + {prefix}-0000.params")

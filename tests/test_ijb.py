@@ -2,11 +2,14 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import cv2
 import mxnet as mx
 import numpy as np
 import pytest
+from launch import REPO, rank_env
 
 from mxnet_pfc import ijb
 from mxnet_pfc.data.synthetic_ijb import write_ijb
@@ -242,3 +245,32 @@ def test_degenerate_landmarks_name_file_and_line(broken, tmp_path, capsys):
     path = broken / "meta" / "ijbc_name_5pts_score.txt"
     edit_line(path, 9, lambda line: " ".join([line.split()[0]] + ["50"] * 10 + [line.split()[-1]]))
     assert "ijbc_name_5pts_score.txt:9: 9.jpg: the five landmarks coincide" in failure(broken, tmp_path, capsys)
+
+
+# --- during training -------------------------------------------------------------------------------
+
+def test_training_verifies_an_ijb_set_every_verbose_steps(ijb_set, tmp_path):
+    """--ijb_targets: rank 0 logs the set's headline figures with each verification and in the metrics,
+    and the final report of the exported model includes the set's whole report."""
+    root, _ = ijb_set
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "mxnet_pfc.train", "--dataset", "speed-1m", "--network", "r18-lite",
+                           "--num_classes", "100", "--batch_size", "4", "--max_update", "2", "--verbose", "1",
+                           "--ijb_targets", f"{root}:IJBC", "--output", str(out)],
+                          cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "IJB set IJBC" in proc.stdout and "step 1: IJB IJBC [flip-sum, detector-score weighted]: " \
+        "tar_at_far_0.0001 " in proc.stdout
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in records if "ijb/ijbc/tar_at_far_0.0001" in r] == [1, 2]
+    final = json.load(open(out / "model-verification.json"))
+    assert final["ijb-ijbc"]["verification"]["pairs"] > 0 and "identification" in final["ijb-ijbc"]
+
+
+def test_training_refuses_a_missing_ijb_set_at_setup(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mxnet_pfc.train", "--dataset", "speed-1m", "--network", "r18-lite",
+                           "--num_classes", "100", "--max_update", "2", "--ijb_targets", str(tmp_path / "nowhere"),
+                           "--output", str(tmp_path / "run")],
+                          cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "nowhere" in proc.stderr and "ijbc_face_tid_mid.txt" in proc.stderr, \
+        proc.stderr[-2000:]
