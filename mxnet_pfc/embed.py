@@ -96,10 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cosine similarity above which a pair is the same person")
     parser.add_argument("--gallery", default="", help="folder of identity sub-folders")
     parser.add_argument("--probe", default="", help="the face to look up in the gallery")
-    parser.add_argument("-k", "--top-k", type=int, default=5)
+    parser.add_argument("-k", "--top-k", type=int, default=5,
+                        help="gallery matches listed per probe, best first (default: %(default)s)")
     parser.add_argument("--resize", action="store_true", help="resize faces that are not 112x112")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default: %(default)s)")
+    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu",
+                        help="where to run the model; gpu: the first GPU (default: %(default)s)")
     return parser
 
 

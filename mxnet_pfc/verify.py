@@ -22,8 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="exported prefix[,epoch], checkpoint folder or training output folder")
     parser.add_argument("bins", nargs="+", help="verification .bin files")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu", help="gpu: the first GPU")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="images per forward pass; each is embedded with its mirror (default: %(default)s)")
+    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu",
+                        help="where to run the model; gpu: the first GPU (default: %(default)s)")
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
     return parser
 

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     parser.add_argument("output", help="folder for train.rec, train.idx, property, identities.txt")
     parser.add_argument("--size", type=int, default=112, help="image side in pixels (default: %(default)s)")
     parser.add_argument("--resize", action="store_true", help="resize images of another size instead of refusing")
-    parser.add_argument("--threads", type=int, default=4, help="decoding threads (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=4, help="threads that read and check the images (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         images, identities = pack(args.faces, args.output, args.size, args.resize, args.threads)

@@ -233,12 +233,18 @@ def ensure(folder: str, identities: int, images_per_identity: int, val_pairs: in
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.data.synthetic", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output", default="output/data/synthetic", help="folder to write (default: %(default)s)")
-    parser.add_argument("--identities", type=int, default=500, help="training identities (default: %(default)s)")
-    parser.add_argument("--images-per-identity", type=int, default=32, help="(default: %(default)s)")
-    parser.add_argument("--val-identities", type=int, default=250, help="held-out identities (default: %(default)s)")
-    parser.add_argument("--val-pairs", type=int, default=1000, help="verification pairs (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--output", default="output/data/synthetic",
+                        help="folder to write the set into (default: %(default)s)")
+    parser.add_argument("--identities", type=int, default=500,
+                        help="identities of the training set, one class each (default: %(default)s)")
+    parser.add_argument("--images-per-identity", type=int, default=32,
+                        help="training images rendered per identity (default: %(default)s)")
+    parser.add_argument("--val-identities", type=int, default=250,
+                        help="held-out identities of val.bin, never in the training set (default: %(default)s)")
+    parser.add_argument("--val-pairs", type=int, default=1000,
+                        help="verification pairs in val.bin, half of them same-identity (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the identities and the nuisance drawn for each image (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
