@@ -86,6 +86,14 @@ class Throughput:
 
     def _restart(self) -> None:
         self.started, self.steps, self.data_wait = time.time(), 0, 0.0
+        self.phase_seconds = None      # the timed step's {phase: seconds}, once it has run
+
+    def timing_next_step(self) -> "dict | None":
+        """The dict the next step records its phases into, for the window's first step; else None."""
+        if self.steps == 0 and self.phase_seconds is None:
+            self.phase_seconds = {}
+            return self.phase_seconds
+        return None
 
     def waited_for_data(self, seconds: float) -> None:
         self.data_wait += seconds
@@ -103,6 +111,17 @@ class Throughput:
         per_rank = self.steps * self.batch_size / elapsed
         figures = dict(samples_per_sec_per_rank=per_rank, samples_per_sec=per_rank * self.world_size,
                        data_wait_fraction=self.data_wait / elapsed,
-                       eta_seconds=steps_left * elapsed / max(self.steps, 1))
+                       eta_seconds=steps_left * elapsed / max(self.steps, 1), phases=self.phase_fractions())
         self._restart()
         return figures
+
+    def phase_fractions(self) -> "dict[str, float]":
+        """Each phase's share of a step: the window's data-wait share, and the rest of the
+        step divided as the timed step's phases divide it ({} when no step was timed)."""
+        timed = self.phase_seconds or {}
+        total = sum(timed.values())
+        if total <= 0:
+            return {}
+        elapsed = max(time.time() - self.started, 1e-9)
+        compute = max(0.0, 1.0 - self.data_wait / elapsed)
+        return {"data": 1.0 - compute, **{name: compute * seconds / total for name, seconds in timed.items()}}

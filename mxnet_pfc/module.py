@@ -8,6 +8,7 @@ backbone gradients over ranks inside the optimizer's update.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 
 import mxnet as mx
@@ -17,6 +18,28 @@ from . import comm
 from .partial_fc import PartialFC
 
 log = logging.getLogger(__name__)
+
+
+# The parts of a step, as a timed step reports them: the backbone's forward; the head with
+# its three collectives and the centers' SGD; the backbone's backward; the reduction of the
+# backbone's gradients across ranks and its SGD.
+PHASES = ("forward", "head", "backward", "update")
+
+
+class _PhaseClock:
+    """Records the seconds since the previous mark into `seconds[name]`, after waiting for the
+    engine to finish (host sync point); does nothing when `seconds` is None."""
+
+    def __init__(self, seconds: "dict | None"):
+        self.seconds, self.last = seconds, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        if self.seconds is None:
+            return
+        mx.nd.waitall()         # host sync point: only in a timed step
+        now = time.perf_counter()
+        self.seconds[name] = now - self.last
+        self.last = now
 
 
 class PartialFCModule:
@@ -46,15 +69,26 @@ class PartialFCModule:
             warnings.simplefilter("ignore")
             self.module.init_optimizer(kvstore=None, optimizer=self.optimizer)
 
-    def step(self, data: mx.nd.NDArray, labels: np.ndarray, lr: float) -> float:
-        """One SGD step of backbone and head at learning rate lr; returns the global mean loss."""
+    def step(self, data: mx.nd.NDArray, labels: np.ndarray, lr: float,
+             phase_seconds: "dict | None" = None) -> float:
+        """One SGD step of backbone and head at learning rate lr; returns the global mean loss.
+
+        With `phase_seconds`, the step waits for each phase to finish and records its
+        seconds there (PHASES). The waits cost the step the overlap of its phases, so
+        the trainer times one step per log window, not every step.
+        """
+        mark = _PhaseClock(phase_seconds)
         self.head.lr = lr
         self.optimizer.set_learning_rate(lr)
         self.module.forward(mx.io.DataBatch([data]), is_train=True)
         embeddings = self.module.get_outputs()[0]
+        mark("forward")
         loss, grad = self.head.forward_backward(embeddings, labels)     # collectives; host sync for loss
+        mark("head")
         self.module.backward(out_grads=[grad])
+        mark("backward")
         self.module.update()                                            # allreduce of backbone grads
+        mark("update")
         return loss
 
     def get_params(self):

@@ -205,7 +205,7 @@ class Trainer:
                 window.waited_for_data(time.time() - fetch_started)
                 lr = schedule(step)
                 try:
-                    loss = self.module.step(batch.data, batch.labels, lr)
+                    loss = self.module.step(batch.data, batch.labels, lr, window.timing_next_step())
                 except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
                     raise type(error)(f"step {step + 1}: {error}") from None
                 window.step_done()
@@ -236,12 +236,15 @@ class Trainer:
         """Rank 0: the progress line and its metrics record."""
         if self.rank != 0:
             return
-        per_rank, total = figures["samples_per_sec_per_rank"], figures["samples_per_sec"]
+        per_rank, total, phases = figures["samples_per_sec_per_rank"], figures["samples_per_sec"], figures["phases"]
+        shares = " ".join(f"{name} {share:.0%}" for name, share in phases.items() if name != "data")
         log.info(f"step {done}/{self.plan.max_update} epoch {epoch} loss {loss:.4f} lr {lr:.5f} | "
                  f"{per_rank:.1f} samples/s per rank, {total:.1f} total | "
-                 f"data wait {figures['data_wait_fraction']:.0%} | eta {format_duration(figures['eta_seconds'])}")
+                 f"data wait {figures['data_wait_fraction']:.0%}{' | ' + shares if shares else ''} | "
+                 f"eta {format_duration(figures['eta_seconds'])}")
         self.metrics.write(done, epoch=epoch, loss=loss, lr=lr, samples_per_sec_per_rank=per_rank,
-                           samples_per_sec=total, data_wait_fraction=figures["data_wait_fraction"])
+                           samples_per_sec=total, data_wait_fraction=figures["data_wait_fraction"],
+                           **{f"phase/{name}": share for name, share in phases.items()})
 
     def verify(self, step: int, params=None) -> dict:
         """Rank 0: the verification report of `params` (default: rank 0's current backbone).

@@ -41,6 +41,12 @@ def test_two_ranks_learn_on_the_synthetic_set(tmp_path, rate):
     assert len(accuracy) == 2 and accuracy[1] >= 0.82 and accuracy[1] - accuracy[0] >= 0.1, accuracy
     print(f"rate {rate}: accuracy {accuracy[0]:.3f} -> {accuracy[1]:.3f}, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
     assert summary["steps"] == 120
+    # where a step's time goes (one timed step per log window): every part named, shares adding up to 1
+    for record in (r for r in records if "loss" in r):
+        shares = {key: value for key, value in record.items() if key.startswith("phase/")}
+        assert set(shares) == {"phase/data", "phase/forward", "phase/head", "phase/backward", "phase/update"}
+        assert abs(sum(shares.values()) - 1) < 1e-6 and min(shares.values()) >= 0, shares
+    assert "| forward " in out and " head " in out and " update " in out
     # what a user gets: config, per-rank logs, events, an MXNet checkpoint of the backbone
     run = tmp_path / "run"
     assert json.load(open(run / "config.json"))["sample_rate"] == rate
