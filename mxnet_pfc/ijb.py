@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from .errors import PfcError
 from .eval import ijb_data, ijb_metrics, plots
+from .eval.verification import embed_with_mirror
 from .files import write_json
 from .inference import Embedder, load_model
 
@@ -57,9 +58,7 @@ def embed_faces(root: str, faces: ijb_data.Faces, embedder: Embedder, batch_size
         for start in range(0, len(faces.names), batch_size):
             indices = range(start, min(start + batch_size, len(faces.names)))
             batch = np.stack([ijb_data.aligned_face(root, faces, i) for i in indices])
-            batch = batch.transpose(0, 3, 1, 2).astype(np.float32)
-            mirrored = batch[:, :, :, ::-1].copy()
-            out.append(embedder(batch).astype(np.float64) + embedder(mirrored).astype(np.float64))
+            out.append(embed_with_mirror(embedder, batch.transpose(0, 3, 1, 2).astype(np.float32))[0])
             bar.update(len(batch))
     return np.concatenate(out)
 

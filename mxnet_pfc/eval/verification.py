@@ -72,6 +72,15 @@ def load_bin(path: str, image_size: int = 112) -> "tuple[np.ndarray, np.ndarray]
     return images, np.asarray(issame, dtype=bool)
 
 
+def embed_with_mirror(embed_fn, images: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+    """(embed(image) + embed(mirror image), embed(image)) as float64, not normalised, for NCHW images.
+
+    The flip-sum feature of the field's protocols (the .bin pairs here, IJB in ijb.py).
+    """
+    plain = embed_fn(images).astype(np.float64)
+    return plain + embed_fn(images[:, :, :, ::-1].copy()).astype(np.float64), plain
+
+
 def embed_pairs(embed_fn, images: np.ndarray, batch_size: int, progress=None) -> "tuple[np.ndarray, float]":
     """(L2-normalised embed(image) + embed(flipped image) as float64 (2P, D), XNorm).
 
@@ -82,8 +91,8 @@ def embed_pairs(embed_fn, images: np.ndarray, batch_size: int, progress=None) ->
     out, norms = [], []
     for start in range(0, len(images), batch_size):
         chunk = images[start:start + batch_size]
-        plain = embed_fn(chunk).astype(np.float64)
-        out.append(plain + embed_fn(chunk[:, :, :, ::-1].copy()).astype(np.float64))
+        summed, plain = embed_with_mirror(embed_fn, chunk)
+        out.append(summed)
         norms.append(np.linalg.norm(plain, axis=1))
         if progress is not None:
             progress(len(chunk))
