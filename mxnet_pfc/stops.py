@@ -15,6 +15,7 @@ See docs/DESIGN.md section 6.3.
 """
 from __future__ import annotations
 
+import faulthandler
 import glob
 import logging
 import os
@@ -40,6 +41,9 @@ _state = {"logs": None, "peers": []}     # this run's logs folder; (rank, host, 
 def start(logs_folder: str) -> None:
     """Learn where failure records go and which processes the other ranks are (collective: every rank)."""
     _state["logs"] = logs_folder
+    # A crash inside MXNet or Horovod (SIGSEGV, SIGABRT) prints every thread's Python stack to
+    # stderr before MXNet's own handler runs: the launcher's output then says where it happened.
+    faulthandler.enable(all_threads=True)
     host = zlib.crc32(f"{socket.gethostname()} {boot_id()}".encode())     # same kernel: pids comparable
     _state["peers"] = [(r, int(h), int(pid)) for r, (h, pid) in enumerate(comm.gather_rows([host, os.getpid()]))]
 
