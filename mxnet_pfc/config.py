@@ -68,8 +68,10 @@ class Config:
     margin_m2: float = margin.PRESETS["arcface"]["m2"]
     margin_m3: float = margin.PRESETS["arcface"]["m3"]
     sample_rate: float = 1.0
+    interclass_filtering_threshold: float = 0.0   # Partial FC v2; 0: off
     # ---- optimisation (both optimizers)
-    batch_size: int = 128              # per rank
+    batch_size: int = 128              # per rank, per micro-batch
+    grad_accum: int = 1                # micro-batches per optimizer step
     lr: float = 0.1                    # for a global batch of lr_base_batch
     lr_base_batch: int = 512
     momentum: float = 0.9
@@ -170,7 +172,12 @@ FIELD_HELP = {
     "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none).",
     "margin_m3": "Additive cosine margin m3 (CosFace; 0 = none).",
     "sample_rate": "Share of each rank's class centers in a step's softmax, in (0, 1]; positives always included.",
-    "batch_size": "Images per rank per step; a step trains on batch_size x ranks images.",
+    "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
+                                      "a negative class whose cosine with a sample exceeds this counts as cosine 0 "
+                                      "and gets no gradient; 0 = off, 0.4 is the published choice.",
+    "batch_size": "Images per rank per micro-batch; a step trains on batch_size x ranks x grad_accum images.",
+    "grad_accum": "Micro-batches per optimizer step (gradient accumulation): gradients add up over them and the "
+                  "backbone and centers update once; steps, epochs and the schedule count optimizer steps.",
     "lr": "Peak learning rate for a global batch of lr_base_batch images (scaled linearly to yours).",
     "lr_base_batch": "Global batch size, in images, that lr is stated for.",
     "momentum": "SGD momentum of the backbone and the class centers.",
@@ -291,6 +298,9 @@ def validate(config: Config) -> None:
     require(config.embedding_size >= 1, "embedding_size", "must be at least 1")
     require(config.batch_size >= 1, "batch_size", "must be at least 1")
     require(0.0 < config.sample_rate <= 1.0, "sample_rate", "must be in (0, 1]")
+    require(0.0 <= config.interclass_filtering_threshold <= 1.0, "interclass_filtering_threshold",
+            "must be in [0, 1] (0: off)")
+    require(config.grad_accum >= 1, "grad_accum", "must be at least 1 (1: no accumulation)")
     require(config.lr > 0, "lr", "must be positive")
     require(config.lr_base_batch >= 1, "lr_base_batch", "must be at least 1")
     require(0.0 <= config.momentum < 1.0, "momentum", "must be in [0, 1)")

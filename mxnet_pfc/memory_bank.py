@@ -70,6 +70,7 @@ class MemoryBank:
         self.weight = nd.random.normal(0.0, init_std, shape=(self.num_local, self.embedding_size),
                                        ctx=ctx, dtype="float32")
         self.weight_mom = nd.zeros_like(self.weight)
+        self._held = None       # (gradient, radial, used) of micro-batches not applied yet; see hold()
 
     def __repr__(self) -> str:
         return (f"MemoryBank(rank {self.rank}/{self.world_size}: classes [{self.class_start}, "
@@ -93,9 +94,48 @@ class MemoryBank:
         grad (S, D) is the gradient for the normalised rows `rows` (the gathered
         centers); radial (S,) is the coefficient of the normalisation's radial
         term, so the centers' gradient is grad - radial * rows (docs/DESIGN.md section 2.5).
+        Gradients held by hold() are added first, and the update covers their rows too.
         """
+        if self._held is not None:
+            index, grad, radial, rows = self._take_held(index, grad, radial)
         self.ops.sgd_rows(self.weight, self.weight_mom, grad, radial, rows, index,
                           self.lr, self.momentum, self.wd)
+
+    def hold(self, index: nd.NDArray, grad: nd.NDArray, radial: nd.NDArray) -> None:
+        """Add a micro-batch's gradient of the rows `index` to those held for the next update_rows.
+
+        Gradient accumulation: the centers do not move between the micro-batches
+        of an optimizer step. Both terms of the gradient are linear in the loss and
+        the rows stay put, so their sums give the step's gradient exactly. The sums
+        live in a buffer the size of the centers, allocated on first use.
+        """
+        if self._held is None:
+            self._held = (nd.zeros_like(self.weight), nd.zeros((self.num_local,), ctx=self.ctx),
+                          nd.zeros((self.num_local,), ctx=self.ctx))
+        held_grad, held_radial, used = self._held
+        rows = index.reshape((1, -1))
+        for total, part in ((held_grad, grad), (held_radial, radial)):
+            nd._internal._scatter_set_nd(lhs=total, rhs=nd.take(total, index) + part, indices=rows,
+                                         shape=total.shape, out=total)
+        nd._internal._scatter_set_nd(lhs=used, rhs=nd.ones(index.shape, ctx=self.ctx), indices=rows,
+                                     shape=used.shape, out=used)
+
+    def _take_held(self, index, grad, radial):
+        """(index, grad, radial, rows) of the held micro-batches plus this one; the buffer is cleared."""
+        self.hold(index, grad, radial)
+        held_grad, held_radial, used = self._held
+        index = nd.array(np.flatnonzero(used.asnumpy()), ctx=self.ctx, dtype="int32")    # host sync: once a step
+        rows = index.reshape((1, -1))
+        taken = nd.take(held_grad, index), nd.take(held_radial, index), nd.take(self.weight, index)
+        for total in (held_grad, held_radial, used):       # only the rows used were written
+            nd._internal._scatter_set_nd(lhs=total, rhs=nd.zeros((index.shape[0], *total.shape[1:]), ctx=self.ctx),
+                                         indices=rows, shape=total.shape, out=total)
+        return (index, *taken)
+
+    @property
+    def holds_gradients(self) -> bool:
+        """Whether micro-batch gradients wait for update_rows (never at a checkpoint)."""
+        return self._held is not None and bool(self._held[2].sum().asscalar() > 0)
 
     def save(self, folder: str) -> "list[str]":
         """Write this rank's centers and momentum into `folder`; returns the paths (host copies: sync points)."""

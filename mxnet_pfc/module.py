@@ -4,6 +4,12 @@ One step: the backbone embeds this rank's batch; the head computes the loss of
 the global batch and the gradient for this rank's embeddings (and updates its
 sampled centers); the backbone back-propagates that gradient; Horovod sums the
 backbone gradients over ranks inside the optimizer's update.
+
+With gradient accumulation (grad_accum = K) a step is K micro-batches: the
+backbone's gradients add up in place (grad_req "add") and are reduced across
+ranks and applied once; the head holds its centers' gradients likewise
+(PartialFC.forward_backward). The step trains the mean loss over all K x N
+samples (docs/DESIGN.md section 2.10).
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ class _PhaseClock:
             return
         mx.nd.waitall()         # host sync point: only in a timed step
         now = time.perf_counter()
-        self.seconds[name] = now - self.last
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last     # summed over micro-batches
         self.last = now
 
 
@@ -47,11 +53,14 @@ class PartialFCModule:
 
     def __init__(self, symbol: mx.sym.Symbol, head: PartialFC, batch_size: int, ctx: mx.Context,
                  momentum: float = 0.9, weight_decay: float = 5e-4, fp16: bool = False,
-                 image_size: int = 112):
-        self.head, self.ctx = head, ctx
+                 image_size: int = 112, grad_accum: int = 1):
+        if int(grad_accum) != grad_accum or grad_accum < 1:
+            raise ValueError(f"grad_accum must be a positive integer, got {grad_accum}")
+        self.head, self.ctx, self.batch_size, self.grad_accum = head, ctx, batch_size, int(grad_accum)
         self.data_shape = (batch_size, 3, image_size, image_size)
         self.module = mx.mod.Module(symbol, data_names=["data"], label_names=None, context=ctx)
-        self.module.bind(data_shapes=[("data", self.data_shape)], for_training=True)
+        self.module.bind(data_shapes=[("data", self.data_shape)], for_training=True,
+                         grad_req="add" if self.grad_accum > 1 else "write")
         self.module.init_params(mx.init.Xavier(rnd_type="gaussian", factor_type="out", magnitude=2))
         # rank 0's initial backbone on every rank (a distributed touch-point)
         arg_params, aux_params = self.module.get_params()
@@ -68,28 +77,47 @@ class PartialFCModule:
         with warnings.catch_warnings():     # Module expects rescale_grad = 1/batch; ours is deliberate
             warnings.simplefilter("ignore")
             self.module.init_optimizer(kvstore=None, optimizer=self.optimizer)
+        self._gradients = [g for grads in self.module._exec_group.grad_arrays for g in grads if g is not None]
+        self._clear_gradients()
+
+    def _clear_gradients(self) -> None:
+        """Zero the accumulated backbone gradients (grad_req "add" only; "write" overwrites them)."""
+        if self.grad_accum > 1:
+            for grad in self._gradients:
+                grad[:] = 0
 
     def step(self, data: mx.nd.NDArray, labels: np.ndarray, lr: float,
              phase_seconds: "dict | None" = None) -> float:
         """One SGD step of backbone and head at learning rate lr; returns the global mean loss.
 
-        With `phase_seconds`, the step waits for each phase to finish and records its
-        seconds there (PHASES). The waits cost the step the overlap of its phases, so
+        data (K x B, 3, H, W) and labels (K x B,) hold the step's grad_accum = K
+        micro-batches of B images, in order. With `phase_seconds`, the step waits
+        for each phase to finish and records its seconds there (PHASES, summed
+        over micro-batches). The waits cost the step the overlap of its phases, so
         the trainer times one step per log window, not every step.
         """
         mark = _PhaseClock(phase_seconds)
         self.head.lr = lr
         self.optimizer.set_learning_rate(lr)
-        self.module.forward(mx.io.DataBatch([data]), is_train=True)
-        embeddings = self.module.get_outputs()[0]
-        mark("forward")
-        loss, grad = self.head.forward_backward(embeddings, labels)     # collectives; host sync for loss
-        mark("head")
-        self.module.backward(out_grads=[grad])
-        mark("backward")
-        self.module.update()                                            # allreduce of backbone grads
+        K, B = self.grad_accum, self.batch_size
+        if data.shape[0] != K * B or len(labels) != K * B:
+            raise ValueError(f"a step takes {K} x {B} images and labels, got {data.shape[0]} and {len(labels)}")
+        losses = []
+        for k in range(K):
+            part = data if K == 1 else data[k * B:(k + 1) * B]
+            self.module.forward(mx.io.DataBatch([part]), is_train=True)
+            embeddings = self.module.get_outputs()[0]
+            mark("forward")
+            loss, grad = self.head.forward_backward(embeddings, labels[k * B:(k + 1) * B], K,
+                                                    update=k == K - 1)     # collectives; host sync for loss
+            losses.append(loss)
+            mark("head")
+            self.module.backward(out_grads=[grad])       # adds to the held gradients when K > 1
+            mark("backward")
+        self.module.update()                             # allreduce of backbone grads, once per step
+        self._clear_gradients()
         mark("update")
-        return loss
+        return float(np.mean(losses))                   # micro-batches of equal size: the mean over K x N
 
     def get_params(self):
         """(arg_params, aux_params) of the backbone, copied to the CPU.

@@ -182,7 +182,8 @@ class PartialFC:
     def __init__(self, margin: CombinedMarginLoss, embedding_size: int, num_classes: int,
                  sample_rate: float = 1.0, ctx: "mx.Context | None" = None, lr: float = 0.1,
                  momentum: float = 0.9, wd: float = 5e-4, init_std: float = 0.01,
-                 seed: "int | None" = None, fused_kernels: "bool | None" = None):
+                 seed: "int | None" = None, fused_kernels: "bool | None" = None,
+                 interclass_filtering_threshold: float = 0.0):
         if not isinstance(margin, CombinedMarginLoss):
             raise TypeError(f"margin must be a CombinedMarginLoss, got {type(margin).__name__}")
         if int(embedding_size) != embedding_size or embedding_size < 1:
@@ -191,10 +192,15 @@ class PartialFC:
             raise ValueError(f"num_classes must be a positive integer, got {num_classes}")
         if not 0.0 < sample_rate <= 1.0:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        if not 0.0 <= interclass_filtering_threshold <= 1.0:
+            raise ValueError(f"interclass_filtering_threshold must be in [0, 1] (0: off), "
+                             f"got {interclass_filtering_threshold}")
         self.margin = margin
         self.embedding_size = int(embedding_size)
         self.num_classes = int(num_classes)
         self.sample_rate = float(sample_rate)
+        # Inter-class filtering (Partial FC v2): a negative whose cosine exceeds T counts as cosine 0.
+        self.filter_threshold = float(interclass_filtering_threshold)
         self.ctx = ctx if ctx is not None else mx.cpu()
 
         self.rank, self.world_size = comm.rank(), comm.size()
@@ -222,14 +228,18 @@ class PartialFC:
         bank = self.bank
         return (f"PartialFC(rank {self.rank}/{self.world_size}, classes [{bank.class_start}, "
                 f"{bank.class_start + bank.num_local}) of {self.num_classes}, "
-                f"{self.num_sample} sampled, D={self.embedding_size}, {self.margin})")
+                f"{self.num_sample} sampled, D={self.embedding_size}, {self.margin}"
+                + (f", inter-class filtering above cosine {self.filter_threshold:g}" if self.filter_threshold else "")
+                + ")")
 
     def _check_same_config(self) -> None:
         """All ranks must agree on the head's shape and margin, or none can run."""
-        mine = [self.num_classes, self.embedding_size, self.sample_rate, *self.margin.as_tuple()]
+        mine = [self.num_classes, self.embedding_size, self.sample_rate, *self.margin.as_tuple(),
+                self.filter_threshold]
         table = comm.gather_rows(mine)
         if any(row != table[0] for row in table):
-            names = ["num_classes", "embedding_size", "sample_rate", "s", "m1", "m2", "m3"]
+            names = ["num_classes", "embedding_size", "sample_rate", "s", "m1", "m2", "m3",
+                     "interclass_filtering_threshold"]
             diffs = [f"{name}: " + ", ".join(f"rank {r}={row[k]:g}" for r, row in enumerate(table))
                      for k, name in enumerate(names) if len({row[k] for row in table}) > 1]
             raise PartialFCInputError("PartialFC settings differ across ranks: " + "; ".join(diffs))
@@ -244,13 +254,23 @@ class PartialFC:
             raise RuntimeError(f"gathered batch of {gathered.shape[0]} values does not match the headers")
         return exchange.batch_from_table(table, *x.shape)
 
-    def forward_backward(self, local_embeddings, local_labels) -> "tuple[float, nd.NDArray]":
+    def forward_backward(self, local_embeddings, local_labels, micro_batches: int = 1,
+                         update: bool = True) -> "tuple[float, nd.NDArray]":
         """One step: loss over the global batch, its gradient for local_embeddings, SGD on centers.
 
         Returns (loss, grad): loss a float equal on every rank, grad (B, D) on the
         context of local_embeddings. Raises PartialFCInputError on every rank
         when any rank's inputs are invalid.
+
+        Gradient accumulation: with micro_batches = K, this global batch is one of
+        K whose mean loss is trained, so the gradients are those of that mean (1/K
+        of this batch's); with update=False the centers' gradient is held
+        (MemoryBank.hold) and the centers do not move; the call with update=True
+        applies every held gradient in one SGD step. Each micro-batch samples its
+        own negatives. The returned loss is this global batch's mean.
         """
+        if int(micro_batches) != micro_batches or micro_batches < 1:
+            raise ValueError(f"micro_batches must be a positive integer, got {micro_batches}")
         caller_ctx = local_embeddings.context if isinstance(local_embeddings, nd.NDArray) else mx.cpu()
         bank = self.bank
         s = self.margin.s
@@ -277,8 +297,10 @@ class PartialFC:
         else:
             w, inv_w = bank.rows(index, out=ws.get("centers", (S, D)))
         scos = nd.dot(xh, w, transpose_b=True, out=ws.get("logits", (N, S)))
-        # Scaled in place; lse_others: per row, log sum exp over the non-target columns.
-        scos, lse_others = self.ops.scale_lse(scos, s * inv_w, target, mask)
+        # Scaled in place; lse_others: per row, log sum exp over the non-target columns, where
+        # with inter-class filtering a column whose s * cos exceeds s * T counts as 0.
+        threshold = s * self.filter_threshold if self.filter_threshold > 0 else None
+        scos, lse_others = self.ops.scale_lse(scos, s * inv_w, target, mask, threshold)
         scos_t = nd.pick(scos, target, axis=1)
         f_t, df_t = self.margin.target_logit(scos_t / s)
         f_t = nd.where(mask, f_t, nd.zeros_like(f_t))    # rows of other ranks: 0, unused
@@ -296,8 +318,9 @@ class PartialFC:
 
         # Backward. gs = d loss / d cos, divided column-wise by |w_j|; b_j = sum_i gs_ij cos_ij.
         p_t = nd.exp(f_t - lse)
-        grad_t = (p_t - 1.0) / N * df_t * nd.take(inv_w, target)
-        gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, N)
+        mean_over = N * micro_batches       # the samples of the mean loss being trained
+        grad_t = (p_t - 1.0) / mean_over * df_t * nd.take(inv_w, target)
+        gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, mean_over, threshold)
         # Collective 3 goes out first (Horovod ops run asynchronously in MXNet's
         # engine): the center gradient and the SGD below overlap with it.
         grad_xh = comm.allreduce(nd.dot(gs, w), op="sum", name="pfc.grad")    # collective 3
@@ -310,7 +333,10 @@ class PartialFC:
             self._raise_nonfinite(loss_value, parts)
         # Memory bank: momentum SGD on the sampled rows only; b * inv_w scales the
         # radial term of the normalisation (grad_w_j - coef_j * w_j).
-        bank.update_rows(index, grad_w, b * inv_w, w)
+        if update:
+            bank.update_rows(index, grad_w, b * inv_w, w)
+        else:
+            bank.hold(index, grad_w, b * inv_w)
         mine = slice(self.rank * B, (self.rank + 1) * B)
         gxh, xh_mine = grad_xh[mine], xh[mine]
         grad_x = nd.broadcast_mul(

@@ -32,8 +32,10 @@ class RunPlan:
     context: str
     length_note: str = ""      # how max_update was carried over from a checkpoint, if it was
 
-    def describe(self, batch_size: int, world: int, lr_schedule: str) -> str:
-        return (f"{self.num_images} images, global batch {self.global_batch} = {batch_size} x {world} ranks, "
+    def describe(self, batch_size: int, world: int, grad_accum: int, lr_schedule: str) -> str:
+        micro = (f" x {grad_accum} micro-batches (gradient accumulation: steps are optimizer steps)"
+                 if grad_accum > 1 else "")
+        return (f"{self.num_images} images, global batch {self.global_batch} = {batch_size} x {world} ranks{micro}, "
                 f"{self.steps_per_epoch} steps/epoch, {self.max_update} steps, peak lr {self.lr:.4g} "
                 f"({lr_schedule}), context {self.context}")
 
@@ -107,7 +109,7 @@ def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
 def make_plan(cfg: config_lib.Config, world: int, num_images: int, steps_per_epoch: int, context: str,
               resume=None) -> RunPlan:
     """The plan of this run; refuses a resumed run that has nothing left to train."""
-    global_batch = cfg.batch_size * world
+    global_batch = cfg.batch_size * world * cfg.grad_accum      # the samples of one optimizer step
     max_update, note = run_length(cfg, steps_per_epoch, global_batch, resume.state if resume else None)
     if resume is not None and resume.step >= max_update:
         raise config_lib.ConfigError(

@@ -74,18 +74,20 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
     image_shape = (cfg.image_size, cfg.image_size)
     if cfg.rec:
         data = RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
-                          image_size=image_shape, threads=cfg.decode_threads)
+                          image_size=image_shape, threads=cfg.decode_threads, micro_batches=cfg.grad_accum)
         num_images = data.num_images
     elif cfg.images:
         data = FolderIter(index, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
-                          image_size=image_shape, threads=cfg.decode_threads)
+                          image_size=image_shape, threads=cfg.decode_threads, micro_batches=cfg.grad_accum)
         num_images = data.num_images
     else:
         num_images = cfg.num_images
         data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, image_shape,
-                         steps_per_epoch=max(1, num_images // (cfg.batch_size * world)))
+                         steps_per_epoch=max(1, num_images // (cfg.batch_size * world * cfg.grad_accum)),
+                         micro_batches=cfg.grad_accum)
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
-    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, cfg.batch_size * world)
+    global_batch = cfg.batch_size * world * cfg.grad_accum
+    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch)
               if cfg.resume else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
@@ -111,9 +113,10 @@ def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSched
     """The head and the module: their constructors run collectives (checks, broadcast)."""
     margin = CombinedMarginLoss(cfg.margin_s, cfg.margin_m1, cfg.margin_m2, cfg.margin_m3)
     head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx, lr=schedule(0),
-                     momentum=cfg.momentum, wd=cfg.weight_decay)
+                     momentum=cfg.momentum, wd=cfg.weight_decay,
+                     interclass_filtering_threshold=cfg.interclass_filtering_threshold)
     module = PartialFCModule(symbol, head, cfg.batch_size, ctx, cfg.momentum, cfg.weight_decay, cfg.fp16,
-                             cfg.image_size)
+                             cfg.image_size, cfg.grad_accum)
     return head, module
 
 
@@ -167,7 +170,7 @@ def train(cfg: config_lib.Config) -> dict:
                 log.info(plan.length_note)
         seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
         if rank == 0:
-            log.info(plan.describe(cfg.batch_size, world, cfg.lr_schedule))
+            log.info(plan.describe(cfg.batch_size, world, cfg.grad_accum, cfg.lr_schedule))
         return Trainer(setup, head, module, rank, world).run(start_step)
     finally:
         if lock is not None:
@@ -193,7 +196,7 @@ class Trainer:
                                           resume.state["step"] if resume else None)
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
                         mininterval=5, file=sys.stderr, dynamic_ncols=True)
-        window = Throughput(cfg.batch_size, self.world)
+        window = Throughput(cfg.batch_size * cfg.grad_accum, self.world)
         loss, started, step = float("nan"), time.time(), start_step
         try:
             if cfg.val_at_start and start_step == 0:
@@ -238,7 +241,8 @@ class Trainer:
             return
         per_rank, total, phases = figures["samples_per_sec_per_rank"], figures["samples_per_sec"], figures["phases"]
         shares = " ".join(f"{name} {share:.0%}" for name, share in phases.items() if name != "data")
-        log.info(f"step {done}/{self.plan.max_update} epoch {epoch} loss {loss:.4f} lr {lr:.5f} | "
+        micro = f" ({done * self.cfg.grad_accum} micro-batches)" if self.cfg.grad_accum > 1 else ""
+        log.info(f"step {done}/{self.plan.max_update}{micro} epoch {epoch} loss {loss:.4f} lr {lr:.5f} | "
                  f"{per_rank:.1f} samples/s per rank, {total:.1f} total | "
                  f"data wait {figures['data_wait_fraction']:.0%}{' | ' + shares if shares else ''} | "
                  f"eta {format_duration(figures['eta_seconds'])}")

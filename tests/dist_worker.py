@@ -1,12 +1,13 @@
 """Runs on every rank under horovodrun; driven by tests/test_distributed.py.
 
-  dist_worker.py golden INPUT.npz OUTDIR   every scenario of INPUT, two steps each;
+  dist_worker.py golden INPUT.npz OUTDIR   every scenario of INPUT, two steps of its micro-batches each;
                                            writes OUTDIR/rank<R>.npz
   dist_worker.py bad OUTDIR                each bad-input case, errors caught and
                                            written to OUTDIR/rank<R>.json
   dist_worker.py bad-uncaught CASE         one bad-input case, error not caught
   dist_worker.py bad-config                the last rank asks for another num_classes
-  dist_worker.py nan-center OUTDIR VALUE   the last rank's first center is VALUE (nan, inf); writes
+  dist_worker.py nan-center OUTDIR VALUE T the last rank's first center is VALUE (nan, inf), inter-class
+                                           filtering above T (0: off); writes
                                            OUTDIR/rank<R>.json (error, centers unchanged)
 """
 import json
@@ -29,25 +30,28 @@ def golden(input_path, out_dir):
         rate, lrs = float(data[f"{name}/rate"]), data[f"{name}/lrs"]
         w_all, mom_all = data[f"{name}/weight"], data[f"{name}/mom"]
         pfc = PartialFC(CombinedMarginLoss(s, m1, m2, m3), embedding_size=w_all.shape[1],
-                        num_classes=w_all.shape[0], sample_rate=rate, lr=float(lrs[0]), seed=7)
+                        num_classes=w_all.shape[0], sample_rate=rate, lr=float(lrs[0]), seed=7,
+                        interclass_filtering_threshold=float(data[f"{name}/filter"]))
         part = slice(pfc.bank.class_start, pfc.bank.class_start + pfc.bank.num_local)
         pfc.bank.weight[:] = w_all[part]
         pfc.bank.weight_mom[:] = mom_all[part]
         results[f"{name}/class_start"] = pfc.bank.class_start
         results[f"{name}/ops"] = pfc.ops.name
         results[f"{name}/num_sample"] = pfc.num_sample
+        micro_batches = int(data[f"{name}/micro_batches"])
         for step, lr in enumerate(lrs):
-            x, y = data[f"{name}/x{step}"], data[f"{name}/y{step}"]
-            B = x.shape[0] // world
             pfc.lr = float(lr)
-            loss, grad = pfc.forward_backward(mx.nd.array(x[rank * B:(rank + 1) * B]),
-                                              y[rank * B:(rank + 1) * B])
-            key = f"{name}/{step}"
-            results[key + "/loss"] = loss
-            results[key + "/grad"] = grad.asnumpy()
-            results[key + "/index"] = pfc.sampled_index.asnumpy()
-            results[key + "/weight"] = pfc.bank.weight.asnumpy()
-            results[key + "/mom"] = pfc.bank.weight_mom.asnumpy()
+            for micro in range(micro_batches):
+                key = f"{name}/{step}.{micro}"
+                x, y = data[f"{name}/x{step}.{micro}"], data[f"{name}/y{step}.{micro}"]
+                B = x.shape[0] // world
+                loss, grad = pfc.forward_backward(mx.nd.array(x[rank * B:(rank + 1) * B]), y[rank * B:(rank + 1) * B],
+                                                  micro_batches, update=micro == micro_batches - 1)
+                results[key + "/loss"] = loss
+                results[key + "/grad"] = grad.asnumpy()
+                results[key + "/index"] = pfc.sampled_index.asnumpy()
+                results[key + "/weight"] = pfc.bank.weight.asnumpy()
+                results[key + "/mom"] = pfc.bank.weight_mom.asnumpy()
     np.savez(f"{out_dir}/rank{rank}.npz", **results)
 
 
@@ -108,10 +112,11 @@ def bad_config():
     print(f"rank {rank}: constructed", flush=True)
 
 
-def nan_center(out_dir, value):
+def nan_center(out_dir, value, threshold):
     """A NaN or Inf center on the last rank: every rank must stop before any center or momentum moves."""
     rank, world = comm.rank(), comm.size()
-    pfc = PartialFC(CombinedMarginLoss(), embedding_size=8, num_classes=50, sample_rate=1.0)
+    pfc = PartialFC(CombinedMarginLoss(), embedding_size=8, num_classes=50, sample_rate=1.0,
+                    interclass_filtering_threshold=float(threshold))
     if rank == world - 1:
         pfc.bank.weight[0] = float(value)
     pfc.bank.weight_mom[:] = 0.01
@@ -134,4 +139,4 @@ if __name__ == "__main__":
      "bad": lambda: bad(sys.argv[2]),
      "bad-uncaught": lambda: bad_uncaught(sys.argv[2]),
      "bad-config": bad_config,
-     "nan-center": lambda: nan_center(sys.argv[2], sys.argv[3])}[mode]()
+     "nan-center": lambda: nan_center(sys.argv[2], sys.argv[3], sys.argv[4])}[mode]()

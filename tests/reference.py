@@ -20,10 +20,12 @@ def target_logit(c, s, m1, m2, m3):
     return s * f, s * g
 
 
-def loss_and_grads(x, labels, w, s, m1, m2, m3):
+def loss_and_grads(x, labels, w, s, m1, m2, m3, filter_threshold=0.0):
     """Mean loss over rows of x (N, D) against centers w (C, D); grads for x and w.
 
     labels index rows of w. Returns (loss, dL/dx (N, D), dL/dw (C, D)).
+    filter_threshold T > 0: inter-class filtering, every non-target cosine above T
+    is replaced by the constant 0 (it adds exp(0) to the softmax, and has no gradient).
     """
     x = np.asarray(x, np.float64)
     w = np.asarray(w, np.float64)
@@ -36,13 +38,16 @@ def loss_and_grads(x, labels, w, s, m1, m2, m3):
     onehot[np.arange(N), labels] = 1.0
     ct = cos[np.arange(N), labels]
     ft, dft = target_logit(ct, s, m1, m2, m3)
-    logits = s * cos * (1 - onehot) + onehot * ft[:, None]
+    kept = 1.0 - onehot
+    if filter_threshold > 0:
+        kept *= cos <= filter_threshold
+    logits = s * cos * kept + onehot * ft[:, None]
     logits_max = logits.max(axis=1, keepdims=True)
     p = np.exp(logits - logits_max)
     p /= p.sum(axis=1, keepdims=True)
     loss = -np.mean(np.log(p[np.arange(N), labels]))
     dlogits = (p - onehot) / N
-    dcos = dlogits * (s * (1 - onehot) + onehot * dft[:, None])
+    dcos = dlogits * (s * kept + onehot * dft[:, None])
     dxh = dcos @ wh
     dwh = dcos.T @ xh
     dx = (dxh - xh * np.sum(dxh * xh, axis=1, keepdims=True)) / xn

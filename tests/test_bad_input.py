@@ -56,9 +56,13 @@ def test_settings_that_differ_across_ranks_are_refused():
                          r"num_classes: rank 0=50, rank 1=51", proc.stdout), proc.stdout[-3000:]
 
 
-@pytest.mark.parametrize("world, value", [(2, "nan"), (3, "nan"), (2, "inf")])
-def test_nan_loss_stops_every_rank_before_a_center_moves(world, value, tmp_path):
-    proc = run_ranks(world, ["tests/dist_worker.py", "nan-center", tmp_path, value], timeout=120)
+@pytest.mark.parametrize("world, value, threshold, kernels", [
+    (2, "nan", 0, "1"), (3, "nan", 0, "1"), (2, "inf", 0, "1"),
+    # inter-class filtering must not turn a NaN logit into a filtered 0, in either kernel path
+    (2, "nan", 0.3, "1"), (2, "inf", 0.3, "0")])
+def test_nan_loss_stops_every_rank_before_a_center_moves(world, value, threshold, kernels, tmp_path):
+    proc = run_ranks(world, ["tests/dist_worker.py", "nan-center", tmp_path, value, threshold], timeout=120,
+                     env={"MXNET_PFC_KERNELS": kernels})
     assert proc.returncode == 0, proc.stdout[-4000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     start = 50 - 50 // world          # the last rank's shard

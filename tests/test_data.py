@@ -72,6 +72,26 @@ def test_epoch_order_splits_each_epoch_between_ranks(world):
     assert np.array_equal(epoch_order(n, b, 0, world, 5, 0), orders[0])        # reproducible
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_epoch_order_with_micro_batches(world):
+    """Gradient accumulation: a step's K x B images per rank are micro-batch slices k x world + rank of
+    the step's global batch; no image twice in an epoch; the epoch is whole steps."""
+    n, b, k = 100, 4, 3
+    steps = n // (b * world * k)
+    flat = np.random.default_rng([5, 0]).permutation(n)[:steps * k * world * b].reshape(steps, k * world, b)
+    for rank in range(world):
+        order = epoch_order(n, b, rank, world, seed=5, epoch=0, micro_batches=k)
+        assert order.shape == (steps, k * b)
+        assert np.array_equal(order.reshape(steps, k, b), flat[:, rank::world])
+    seen = np.concatenate([epoch_order(n, b, r, world, 5, 0, k).ravel() for r in range(world)])
+    assert len(set(seen.tolist())) == len(seen)
+    # one micro-batch per step is the layout without accumulation
+    single = n // (b * world)
+    permutation = np.random.default_rng([5, 0]).permutation(n)
+    assert np.array_equal(epoch_order(n, b, 0, world, 5, 0, 1),
+                          permutation[:single * world * b].reshape(single, world, b)[:, 0])
+
+
 def test_epoch_order_refuses_a_set_smaller_than_a_global_batch():
     with pytest.raises(DataError, match="cannot fill one global batch"):
         epoch_order(5, 4, 0, 2, 0, 0)

@@ -51,7 +51,8 @@ def both():
     return kernels.FusedOps(), kernels.MXNetOps()
 
 
-def test_each_kernel_matches_its_mxnet_twin(both):
+@pytest.mark.parametrize("threshold", [None, 2.0])     # inter-class filtering off / on (scaled units)
+def test_each_kernel_matches_its_mxnet_twin(both, threshold):
     fused, plain = both
     rng = np.random.default_rng(0)
     N, S, D, R = 16, 700, 24, 2000          # S > one column block of the gradient kernel
@@ -66,9 +67,10 @@ def test_each_kernel_matches_its_mxnet_twin(both):
     for ops in (fused, plain):
         w = nd.array(weight)
         rows, inv = ops.gather_inv_norm(w, nd.array(index, dtype="int32"), out=nd.zeros((S, D)))
-        logits, lse = ops.scale_lse(nd.array(raw), 30.0 * inv, nd.array(target, dtype="int32"), nd.array(mask))
+        logits, lse = ops.scale_lse(nd.array(raw), 30.0 * inv, nd.array(target, dtype="int32"), nd.array(mask),
+                                    threshold)
         grad, b = ops.softmax_grad(logits.copy(), lse, inv, nd.array(target, dtype="int32"), nd.array(mask),
-                                   nd.array(target_grad), 30.0, N)
+                                   nd.array(target_grad), 30.0, N, threshold)
         mom = nd.zeros((R, D))
         ops.sgd_rows(w, mom, nd.array(center_grad), b * inv, rows,
                      nd.array(index, dtype="int32"), 0.1, 0.9, 5e-4)
@@ -78,6 +80,16 @@ def test_each_kernel_matches_its_mxnet_twin(both):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6 * max(1.0, np.abs(b).max()), err_msg=name)
     assert np.array_equal(results[0][6][np.setdiff1d(np.arange(R), index)],
                           weight[np.setdiff1d(np.arange(R), index)]), "rows outside the index changed"
+    if threshold is not None:       # filtered: above the threshold and not a target; no gradient
+        logits, grad = results[0][2], results[0][4]
+        filtered = logits > threshold
+        filtered[np.arange(N)[mask > 0], target[mask > 0]] = False
+        assert 0.1 < filtered.mean() < 0.9
+        assert (grad[filtered] == 0).all() and (results[1][4][filtered] == 0).all()
+        # and they enter the log-sum-exp as logit 0: one row by hand, in float64
+        row = next(i for i in range(N) if mask[i] > 0)
+        others = np.delete(np.where(filtered[row], 0.0, logits[row].astype(np.float64)), target[row])
+        assert results[0][3][row] == pytest.approx(np.log(np.exp(others).sum()), rel=1e-5)
 
 
 @pytest.mark.parametrize("fused", [True, False])

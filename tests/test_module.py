@@ -5,6 +5,9 @@ Horovod averages over ranks and the optimizer rescales by the world size, so the
 update must be that of one SGD step on the global mean loss. Checked against a
 float64 numpy computation (tests/reference.py) over two steps with momentum,
 weight decay (not on the bias, as MXNet's SGD does) and a learning-rate change.
+
+With gradient accumulation, K micro-batches of N must be one step on the K x N
+batch: the mean loss over all of it, one update of backbone and centers.
 """
 import numpy as np
 import pytest
@@ -18,40 +21,41 @@ MARGIN = (16.0, 1.0, 0.3, 0.1)
 MOMENTUM, WD, LRS = 0.9, 5e-4, (0.05, 0.02)
 
 
-def make_inputs(rng):
+def make_inputs(rng, grad_accum=1):
     inputs = dict(fc_weight=rng.normal(0, 0.2, (D, 3 * IMAGE * IMAGE)), fc_bias=rng.normal(0, 0.1, D),
                   centers=rng.normal(0, 1, (C, D)), image_size=IMAGE, margin=np.array(MARGIN), rate=1.0,
-                  momentum=MOMENTUM, wd=WD, lrs=np.array(LRS))
-    for step in range(len(LRS)):
-        inputs[f"x{step}"] = rng.uniform(0, 255, (N, 3, IMAGE, IMAGE))
-        inputs[f"y{step}"] = rng.integers(0, C, N)
+                  momentum=MOMENTUM, wd=WD, lrs=np.array(LRS), grad_accum=grad_accum)
+    for step in range(len(LRS)):        # a step's samples: K micro-batches of N
+        inputs[f"x{step}"] = rng.uniform(0, 255, (grad_accum * N, 3, IMAGE, IMAGE))
+        inputs[f"y{step}"] = rng.integers(0, C, grad_accum * N)
     return {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else v for k, v in inputs.items()}
 
 
 def reference(inputs):
-    """Losses, backbone and centers after the steps, in float64."""
+    """Losses, backbone, centers and their momentum after the steps, in float64: one step
+    per global batch, however many micro-batches the module cuts it into."""
     W, b, centers = (inputs[k].astype(np.float64) for k in ("fc_weight", "fc_bias", "centers"))
     mom_W, mom_b, mom_c = np.zeros_like(W), np.zeros_like(b), np.zeros_like(centers)
     losses = []
     for step, lr in enumerate(LRS):
-        x = inputs[f"x{step}"].astype(np.float64).reshape(N, -1)
+        x = inputs[f"x{step}"].astype(np.float64).reshape(len(inputs[f"y{step}"]), -1)
         embeddings = x @ W.T + b
         loss, d_emb, d_centers = loss_and_grads(embeddings, inputs[f"y{step}"], centers, *MARGIN)
         losses.append(loss)
         W, mom_W = sgd_momentum(W, mom_W, d_emb.T @ x, lr, MOMENTUM, WD)
         b, mom_b = sgd_momentum(b, mom_b, d_emb.sum(axis=0), lr, MOMENTUM, 0.0)    # no decay on biases
         centers, mom_c = sgd_momentum(centers, mom_c, d_centers, lr, MOMENTUM, WD)
-    return np.array(losses), W, b, centers
+    return np.array(losses), W, b, centers, mom_c
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_module_step_matches_float64(tmp_path, world):
-    inputs = make_inputs(np.random.default_rng(world))
+@pytest.mark.parametrize("world, grad_accum", [(1, 1), (2, 1), (3, 1), (1, 3), (2, 2), (3, 2)])
+def test_module_step_matches_float64(tmp_path, world, grad_accum):
+    inputs = make_inputs(np.random.default_rng(world), grad_accum)
     np.savez(tmp_path / "inputs.npz", **inputs)
     proc = run_ranks(world, ["tests/module_worker.py", tmp_path / "inputs.npz", tmp_path], timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    losses, W, b, centers = reference(inputs)
-    got_centers = np.zeros_like(centers)
+    losses, W, b, centers, momentum = reference(inputs)
+    got_centers, got_momentum = np.zeros_like(centers), np.zeros_like(momentum)
     for rank in range(world):
         out = np.load(tmp_path / f"rank{rank}.npz")
         np.testing.assert_allclose(out["losses"], losses, rtol=1e-4)
@@ -59,6 +63,10 @@ def test_module_step_matches_float64(tmp_path, world):
         np.testing.assert_allclose(out["fc_bias"], b, rtol=1e-4, atol=1e-6)
         start = int(out["class_start"])
         got_centers[start:start + len(out["centers"])] = out["centers"]
+        got_momentum[start:start + len(out["centers"])] = out["momentum"]
+        if world > 1:       # the backbone's gradients are reduced once per step, not per micro-batch
+            assert list(out["reductions"]) == [2, 2], out["reductions"]       # fc_weight, fc_bias
     np.testing.assert_allclose(got_centers, centers, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got_momentum, momentum, rtol=1e-4, atol=1e-7)
     # the update moved the backbone: the test would notice a missing or doubled gradient
     assert np.abs(W - inputs["fc_weight"]).max() > 1e-3

@@ -1,7 +1,8 @@
 """Training batches for one rank: from a RecordIO set, or random tensors for speed runs.
 
-Both yield `Batch(data, labels, epoch)`: data is an NDArray (B, 3, H, W) of raw
-0..255 float32 pixels on the CPU, labels an int64 numpy array (B,).
+Both yield one `Batch(data, labels, epoch)` per optimizer step: data is an NDArray
+(K x B, 3, H, W) of raw 0..255 float32 pixels on the CPU, labels an int64 numpy
+array (K x B,), for K micro-batches of B images (K = 1 without gradient accumulation).
 """
 from __future__ import annotations
 
@@ -51,26 +52,30 @@ class Batch(NamedTuple):
     epoch: int
 
 
-def steps_in_epoch(num_images: int, batch_size: int, world_size: int) -> int:
-    """Full global batches in one epoch; the tail that does not fill one waits for the next epoch."""
-    steps = num_images // (batch_size * world_size)
+def steps_in_epoch(num_images: int, batch_size: int, world_size: int, micro_batches: int = 1) -> int:
+    """Full global batches (optimizer steps) in one epoch; the tail that does not fill one is left out."""
+    steps = num_images // (batch_size * world_size * micro_batches)
     if steps == 0:
-        raise DataError(f"{num_images} images cannot fill one global batch of {batch_size} x {world_size} ranks")
+        raise DataError(f"{num_images} images cannot fill one global batch of {batch_size} x {world_size} ranks"
+                        + (f" x {micro_batches} micro-batches" if micro_batches > 1 else ""))
     return steps
 
 
-def epoch_order(num_images: int, batch_size: int, rank: int, world_size: int, seed: int, epoch: int) -> np.ndarray:
-    """Positions (into the image list) that `rank` reads in `epoch`, shape (steps, batch_size).
+def epoch_order(num_images: int, batch_size: int, rank: int, world_size: int, seed: int, epoch: int,
+                micro_batches: int = 1) -> np.ndarray:
+    """Positions (into the image list) that `rank` reads in `epoch`, shape (steps, micro_batches x batch_size).
 
     One permutation per epoch, the same on every rank (seeded by seed and epoch);
-    each step's global batch is cut into world_size consecutive slices of
-    batch_size, so ranks never share an image within an epoch. The tail that does
-    not fill a global batch is left for that epoch: every rank runs the same
-    number of steps, which the collectives need.
+    each step's global batch is cut into micro_batches x world_size consecutive
+    slices of batch_size (micro-batch k of rank r is slice k x world_size + r), so
+    ranks never share an image within an epoch. The tail that does not fill a
+    global batch is left out of that epoch: every rank runs the same number of
+    steps, which the collectives need.
     """
-    steps = steps_in_epoch(num_images, batch_size, world_size)
-    order = np.random.default_rng([seed, epoch]).permutation(num_images)[:steps * batch_size * world_size]
-    return order.reshape(steps, world_size, batch_size)[:, rank]
+    steps = steps_in_epoch(num_images, batch_size, world_size, micro_batches)
+    order = np.random.default_rng([seed, epoch]).permutation(num_images)
+    order = order[:steps * micro_batches * world_size * batch_size]
+    return order.reshape(steps, micro_batches, world_size, batch_size)[:, :, rank].reshape(steps, -1)
 
 
 class ShardedIter:
@@ -90,12 +95,12 @@ class ShardedIter:
 
     def __init__(self, source, batch_size: int, num_classes: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, rand_mirror: bool = True, image_size: "tuple[int, int]" = (112, 112),
-                 threads: int = 2, prefetch: int = 4):
+                 threads: int = 2, prefetch: int = 4, micro_batches: int = 1):
         self.source = source
-        self.batch_size, self.num_classes = batch_size, num_classes
+        self.batch_size, self.num_classes, self.micro_batches = batch_size, num_classes, micro_batches
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.rand_mirror, self.image_size = rand_mirror, tuple(image_size)
-        self.steps_per_epoch = steps_in_epoch(self.num_images, batch_size, world_size)
+        self.steps_per_epoch = steps_in_epoch(self.num_images, batch_size, world_size, micro_batches)
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
@@ -128,9 +133,10 @@ class ShardedIter:
         try:
             while not self._stop.is_set():
                 mirror_rng = np.random.default_rng([self.seed, epoch, self.rank])
-                order = epoch_order(self.num_images, self.batch_size, self.rank, self.world_size, self.seed, epoch)
+                order = epoch_order(self.num_images, self.batch_size, self.rank, self.world_size, self.seed, epoch,
+                                    self.micro_batches)
                 if self.rand_mirror and skip:
-                    mirror_rng.random(skip * self.batch_size)      # the draws of the skipped steps
+                    mirror_rng.random(order[:skip].size)           # the draws of the skipped steps
                 for positions in order[skip:]:
                     mirrors = mirror_rng.random(len(positions)) < 0.5 if self.rand_mirror else [False] * len(positions)
                     decoded = list(self._pool.map(self._load, zip(positions, mirrors)))
@@ -219,10 +225,11 @@ class DummyIter:
     """
 
     def __init__(self, batch_size: int, num_classes: int, rank: int = 0, seed: int = 0,
-                 image_size: "tuple[int, int]" = (112, 112), steps_per_epoch: int = 1000):
+                 image_size: "tuple[int, int]" = (112, 112), steps_per_epoch: int = 1000, micro_batches: int = 1):
         rng = np.random.default_rng([seed, rank])
-        self.batch_size, self.num_classes, self.steps_per_epoch = batch_size, num_classes, steps_per_epoch
-        self._data = mx.nd.array(rng.uniform(0, 255, size=(batch_size, 3, *image_size)), dtype="float32")
+        self.images_per_step = batch_size * micro_batches
+        self.num_classes, self.steps_per_epoch = num_classes, steps_per_epoch
+        self._data = mx.nd.array(rng.uniform(0, 255, size=(self.images_per_step, 3, *image_size)), dtype="float32")
         self._seed, self._rank = seed, rank
         self._step = 0
 
@@ -234,7 +241,7 @@ class DummyIter:
 
     def __next__(self) -> Batch:
         rng = np.random.default_rng([self._seed, self._rank, self._step])
-        labels = rng.integers(0, self.num_classes, size=self.batch_size, dtype=np.int64)
+        labels = rng.integers(0, self.num_classes, size=self.images_per_step, dtype=np.int64)
         epoch = self._step // self.steps_per_epoch
         self._step += 1
         return Batch(self._data, labels, epoch)

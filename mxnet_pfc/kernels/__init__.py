@@ -133,6 +133,11 @@ def logaddexp(a: nd.NDArray, b: nd.NDArray) -> nd.NDArray:
     return top + nd.log(nd.exp(a - top) + nd.exp(b - top))
 
 
+def _filter_attrs(threshold: "float | None") -> dict:
+    """The kernels' inter-class filter attribute: absent when filtering is off."""
+    return {} if threshold is None else {"threshold": repr(float(threshold))}
+
+
 class FusedOps:
     """The C++ kernels of pfc_kernels.cc (CPU)."""
 
@@ -146,12 +151,13 @@ class FusedOps:
         nd.pfc_gather_inv_norm(weight, index, out=[out, inv])
         return out, inv
 
-    def scale_lse(self, logits, col_scale, target, mask):
-        lse = nd.pfc_scale_lse(logits, col_scale, target, mask)
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
+        lse = nd.pfc_scale_lse(logits, col_scale, target, mask, **_filter_attrs(threshold))
         return logits, lse
 
-    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n):
-        b = nd.pfc_softmax_grad(logits, lse, inv_norm, target, mask, target_grad, s=s, inv_n=1.0 / n)
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
+        b = nd.pfc_softmax_grad(logits, lse, inv_norm, target, mask, target_grad, s=s, inv_n=1.0 / n,
+                                **_filter_attrs(threshold))
         return logits, b
 
     def sgd_rows(self, weight, mom, grad, coef, rows, index, lr, momentum, wd):
@@ -187,9 +193,11 @@ class MXNetOps:
         nd._internal._scatter_set_nd(lhs=matrix, rhs=values, indices=nd.stack(rows, target),
                                      shape=matrix.shape, out=matrix)
 
-    def scale_lse(self, logits, col_scale, target, mask):
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
         logits = nd.broadcast_mul(logits, col_scale.reshape((1, -1)), out=logits)
         others = logits.copy()
+        if threshold is not None:       # filtered cells enter the sum as logit 0 (NaN stays NaN)
+            others = nd.where(others > threshold, nd.zeros_like(others), others)
         # The target cells leave the sum as -1e30, not -inf: a row whose only column is its
         # target (one sampled center) then gets log-sum-exp -1e30, as in the fused kernel,
         # where -inf would make its max shift inf - inf = NaN.
@@ -198,9 +206,11 @@ class MXNetOps:
         lse = top + nd.log(nd.sum(nd.exp(nd.broadcast_sub(others, top.reshape((-1, 1)))), axis=1))
         return logits, lse
 
-    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n):
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
         grad = nd.exp(nd.broadcast_sub(logits, lse.reshape((-1, 1))))
         grad = nd.broadcast_mul(grad, (s / n * inv_norm).reshape((1, -1)), out=grad)
+        if threshold is not None:       # a filtered cell was a constant 0: no gradient (targets set below)
+            grad = nd.where(logits > threshold, nd.zeros_like(grad), grad)
         self._set_targets(grad, target, mask, target_grad)
         ones = self._ones_col(logits.shape[0], logits.context)
         b = nd.dot(grad * logits, ones, transpose_a=True).reshape((-1,)) / s

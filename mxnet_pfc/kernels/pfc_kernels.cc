@@ -11,6 +11,11 @@
 //                        log-sum-exp over every column except the row's target
 //   pfc_softmax_grad     logits -> d loss / d cos * inv_norm (in place), and
 //                        b[j] = sum_i grad[i, j] * cos[i, j]
+//
+// Inter-class filtering (attribute `threshold`, in scaled units s * T; absent:
+// off): a non-target cell whose scaled logit exceeds it counts as logit 0 in
+// the log-sum-exp and gets gradient 0. The scaled logit itself is kept in
+// place, so both kernels make the same decision from the same float.
 //   pfc_sgd_rows         momentum SGD of the sampled rows of weight and mom in
 //                        place, with the radial term of the normalisation
 //
@@ -42,6 +47,16 @@ float attr_float(const std::unordered_map<std::string, std::string>& attrs, cons
   auto it = attrs.find(key);
   return it == attrs.end() ? 0.0f : std::stof(it->second);
 }
+
+// The inter-class filter: (on, threshold in scaled units).
+struct Filter {
+  bool on;
+  float threshold;
+  explicit Filter(const std::unordered_map<std::string, std::string>& attrs)
+      : on(attrs.count("threshold") > 0), threshold(attr_float(attrs, "threshold")) {}
+  // the value a non-target scaled logit enters the softmax with
+  float kept(float logit) const { return on && logit > threshold ? 0.0f : logit; }
+};
 
 bool check(bool ok, const char* op, const char* what) {
   if (!ok) MX_ERROR_MSG << op << ": " << what;
@@ -92,7 +107,7 @@ MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs
 
 // ------------------------------------------------------------ log-sum-exp
 // Inputs: logits (N, S) [mutated], col_scale (S), target (N) int32, mask (N).
-// Output: lse (N), the log-sum-exp of row i over the columns j != target[i]
+// Attrs: threshold (optional, see Filter). Output: lse (N), the log-sum-exp of row i over the columns j != target[i]
 // when mask[i] != 0, over all columns otherwise. The target column is left
 // out rather than subtracted: subtracting a dominant term loses the rest.
 MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attrs,
@@ -104,6 +119,7 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
   const float* mask = (*inputs)[3].data<float>();
   float* lse = (*outputs)[0].data<float>();
   const int64_t N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1];
+  const Filter filter(attrs);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float* row = logits + i * S;
@@ -116,13 +132,14 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
 #pragma omp simd reduction(max : row_max)
       for (int64_t j = range[0]; j < range[1]; ++j) {
         row[j] *= col_scale[j];
-        row_max = row[j] > row_max ? row[j] : row_max;
+        const float kept = filter.kept(row[j]);
+        row_max = kept > row_max ? kept : row_max;
       }
     }
     float total = 0.0f;
     for (const auto& range : ranges) {
 #pragma omp simd reduction(+ : total)
-      for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(row[j] - row_max);
+      for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(filter.kept(row[j]) - row_max);
     }
     // total is 0 only for a row with no column. A NaN or Inf logit makes it NaN: pass
     // that on (the caller stops the step), instead of letting the comparison hide it.
@@ -134,7 +151,8 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
 // ---------------------------------------------------------- softmax grad
 // Inputs: logits = s * cos (N, S) [mutated into the gradient], lse (N) global,
 // inv_norm (S), target (N) int32, mask (N), target_grad (N).
-// Attrs: s, inv_n (1 / global batch). Output: b (S) = sum_i grad_ij * cos_ij.
+// Attrs: s, inv_n (1 / global batch), threshold (optional, see Filter).
+// Output: b (S) = sum_i grad_ij * cos_ij.
 // grad_ij = exp(logit_ij - lse_i) * s * inv_n * inv_norm_j off target,
 // target_grad_i at the target of rows with mask_i != 0.
 MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& attrs,
@@ -150,6 +168,7 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
   const int64_t N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1];
   const float s = attr_float(attrs, "s"), inv_s = 1.0f / s;
   const float factor = s * attr_float(attrs, "inv_n");
+  const Filter filter(attrs);
   constexpr int64_t kBlock = 512;   // columns per task, so that b's partial sums stay in L1
   const int64_t num_blocks = (S + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
@@ -173,7 +192,8 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
 #pragma omp simd
       for (int64_t j = j0; j < j1; ++j) {
         const float logit = row[j];
-        const float grad = std::exp(logit - shift) * scale[j - j0];
+        // a filtered cell entered the softmax as a constant 0: no gradient
+        const float grad = filter.on && logit > filter.threshold ? 0.0f : std::exp(logit - shift) * scale[j - j0];
         acc[j - j0] += grad * logit;
         row[j] = grad;
       }
