@@ -107,7 +107,7 @@ class MemoryBank:
         Gradient accumulation: the centers do not move between the micro-batches
         of an optimizer step. Both terms of the gradient are linear in the loss and
         the rows stay put, so their sums give the step's gradient exactly. The sums
-        live in a buffer the size of the centers, allocated on first use.
+        live in a buffer the size of the centers, allocated on first use (docs/DESIGN.md section 2.11).
         """
         if self._held is None:
             self._held = (nd.zeros_like(self.weight), nd.zeros((self.num_local,), ctx=self.ctx),
@@ -131,11 +131,6 @@ class MemoryBank:
             nd._internal._scatter_set_nd(lhs=total, rhs=nd.zeros((index.shape[0], *total.shape[1:]), ctx=self.ctx),
                                          indices=rows, shape=total.shape, out=total)
         return (index, *taken)
-
-    @property
-    def holds_gradients(self) -> bool:
-        """Whether micro-batch gradients wait for update_rows (never at a checkpoint)."""
-        return self._held is not None and bool(self._held[2].sum().asscalar() > 0)
 
     def save(self, folder: str) -> "list[str]":
         """Write this rank's centers and momentum into `folder`; returns the paths (host copies: sync points)."""

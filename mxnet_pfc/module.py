@@ -9,7 +9,7 @@ With gradient accumulation (grad_accum = K) a step is K micro-batches: the
 backbone's gradients add up in place (grad_req "add") and are reduced across
 ranks and applied once; the head holds its centers' gradients likewise
 (PartialFC.forward_backward). The step trains the mean loss over all K x N
-samples (docs/DESIGN.md section 2.10).
+samples (docs/DESIGN.md section 2.11).
 """
 from __future__ import annotations
 

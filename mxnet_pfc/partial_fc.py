@@ -199,7 +199,8 @@ class PartialFC:
         self.embedding_size = int(embedding_size)
         self.num_classes = int(num_classes)
         self.sample_rate = float(sample_rate)
-        # Inter-class filtering (Partial FC v2): a negative whose cosine exceeds T counts as cosine 0.
+        # Inter-class filtering (Partial FC v2, docs/DESIGN.md section 2.10): a negative whose cosine
+        # exceeds T counts as cosine 0.
         self.filter_threshold = float(interclass_filtering_threshold)
         self.ctx = ctx if ctx is not None else mx.cpu()
 
