@@ -5,7 +5,7 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup test run run-head bench clean-venv
+.PHONY: setup test run run-head bench bench-train clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -22,6 +22,10 @@ run-head: setup              ## the head alone on synthetic embeddings, $(NP) ra
 
 bench: setup                 ## the README's head figures (100k and 1M classes, rates 1.0 and 0.1)
 	bash benchmarks/run_head_benchmarks.sh
+
+bench-train: setup           ## the trainer's step beside its parts alone (backbone; head), $(NP) ranks, dummy data
+	OMP_NUM_THREADS=1 MXNET_OMP_MAX_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
+		$(PY) benchmarks/bench_train.py --json benchmarks/results/train.jsonl $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
