@@ -28,7 +28,7 @@ import numpy as np
 from . import comm, exchange, seeding
 from .errors import PfcError
 from .exchange import PartialFCInputError
-from .kernels import head_ops, logaddexp
+from .kernels import head_ops
 from .margin import CombinedMarginLoss
 from .memory_bank import MemoryBank, shard_range
 
@@ -298,16 +298,13 @@ class PartialFC:
         else:
             w, inv_w = bank.rows(index, out=ws.get("centers", (S, D)))
         scos = nd.dot(xh, w, transpose_b=True, out=ws.get("logits", (N, S)))
-        # Scaled in place; lse_others: per row, log sum exp over the non-target columns, where
-        # with inter-class filtering a column whose s * cos exceeds s * T counts as 0.
+        # Scaled in place. Per row: the margined target logit f_t (0 on rows of other ranks)
+        # and its derivative df_t, and lse_local, the log-sum-exp of this rank's columns with
+        # the target entered as f_t (never subtracted from a sum holding the unmargined one:
+        # that loses the other terms). With inter-class filtering a non-target column whose
+        # s * cos exceeds s * T counts as 0.
         threshold = s * self.filter_threshold if self.filter_threshold > 0 else None
-        scos, lse_others = self.ops.scale_lse(scos, s * inv_w, target, mask, threshold)
-        scos_t = nd.pick(scos, target, axis=1)
-        f_t, df_t = self.margin.target_logit(scos_t / s)
-        f_t = nd.where(mask, f_t, nd.zeros_like(f_t))    # rows of other ranks: 0, unused
-        # The target enters the sum as its margined logit; it is never subtracted
-        # from a sum that holds the unmargined one (that loses the other terms).
-        lse_local = logaddexp(lse_others, nd.where(mask, f_t, _full_like(f_t, -np.inf)))
+        scos, lse_local, f_t, df_t = self.ops.scale_lse(scos, s * inv_w, target, mask, self.margin, threshold)
         # Collective 2: every rank's row log-sum-exp and target logits. The global
         # log-sum-exp over ranks is then computed identically everywhere (this is
         # the "allreduce max, allreduce sum of exp" of the method in one call).

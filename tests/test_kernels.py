@@ -51,8 +51,14 @@ def both():
     return kernels.FusedOps(), kernels.MXNetOps()
 
 
+@pytest.mark.parametrize("margin", ["arcface", "cosface", "combined"])
 @pytest.mark.parametrize("threshold", [None, 2.0])     # inter-class filtering off / on (scaled units)
-def test_each_kernel_matches_its_mxnet_twin(both, threshold):
+def test_each_kernel_matches_its_mxnet_twin(both, threshold, margin):
+    """Same inputs through both kernel sets, including the margin of the target logit (one
+    formula in margin.py and pfc_kernels.cc) on both of its branches."""
+    from mxnet_pfc import CombinedMarginLoss
+
+    margin = CombinedMarginLoss.from_name(margin, s=30.0)
     fused, plain = both
     rng = np.random.default_rng(0)
     N, S, D, R = 16, 700, 24, 2000          # S > one column block of the gradient kernel
@@ -60,22 +66,25 @@ def test_each_kernel_matches_its_mxnet_twin(both, threshold):
     index = np.sort(rng.choice(R, S, replace=False)).astype(np.int32)
     target = rng.integers(0, S, N).astype(np.int32)
     mask = (rng.random(N) < 0.6).astype(np.float32)
-    raw = rng.uniform(-1, 1, size=(N, S)).astype(np.float32)
+    raw = rng.uniform(-1, 1, size=(N, S))
+    # target cosines across (-1, 1): ArcFace's fallback branch (m1 * theta + m2 > pi) included
+    raw[np.arange(N), target] = np.linspace(-0.99, 0.99, N) * np.linalg.norm(weight[index[target]], axis=1)
+    raw = raw.astype(np.float32)
     target_grad = rng.normal(size=N).astype(np.float32)
     center_grad = rng.normal(size=(S, D)).astype(np.float32)
     results = []
     for ops in (fused, plain):
         w = nd.array(weight)
         rows, inv = ops.gather_inv_norm(w, nd.array(index, dtype="int32"), out=nd.zeros((S, D)))
-        logits, lse = ops.scale_lse(nd.array(raw), 30.0 * inv, nd.array(target, dtype="int32"), nd.array(mask),
-                                    threshold)
+        logits, lse, f_t, df_t = ops.scale_lse(nd.array(raw), 30.0 * inv, nd.array(target, dtype="int32"),
+                                               nd.array(mask), margin, threshold)
         grad, b = ops.softmax_grad(logits.copy(), lse, inv, nd.array(target, dtype="int32"), nd.array(mask),
                                    nd.array(target_grad), 30.0, N, threshold)
         mom = nd.zeros((R, D))
         ops.sgd_rows(w, mom, nd.array(center_grad), b * inv, rows,
                      nd.array(index, dtype="int32"), 0.1, 0.9, 5e-4)
-        results.append([a.asnumpy() for a in (rows, inv, logits, lse, grad, b, w, mom)])
-    names = ["rows", "inv_norm", "logits", "lse", "grad", "b", "weight", "mom"]
+        results.append([a.asnumpy() for a in (rows, inv, logits, lse, grad, b, w, mom, f_t, df_t)])
+    names = ["rows", "inv_norm", "logits", "lse", "grad", "b", "weight", "mom", "f_t", "df_t"]
     for name, a, b in zip(names, *results):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6 * max(1.0, np.abs(b).max()), err_msg=name)
     assert np.array_equal(results[0][6][np.setdiff1d(np.arange(R), index)],
@@ -86,10 +95,11 @@ def test_each_kernel_matches_its_mxnet_twin(both, threshold):
         filtered[np.arange(N)[mask > 0], target[mask > 0]] = False
         assert 0.1 < filtered.mean() < 0.9
         assert (grad[filtered] == 0).all() and (results[1][4][filtered] == 0).all()
-        # and they enter the log-sum-exp as logit 0: one row by hand, in float64
+        # and they enter the log-sum-exp as logit 0, the target as f_t: one row by hand, in float64
         row = next(i for i in range(N) if mask[i] > 0)
         others = np.delete(np.where(filtered[row], 0.0, logits[row].astype(np.float64)), target[row])
-        assert results[0][3][row] == pytest.approx(np.log(np.exp(others).sum()), rel=1e-5)
+        expected = np.log(np.exp(others).sum() + np.exp(np.float64(results[0][8][row])))
+        assert results[0][3][row] == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize("fused", [True, False])

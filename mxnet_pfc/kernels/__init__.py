@@ -151,9 +151,11 @@ class FusedOps:
         nd.pfc_gather_inv_norm(weight, index, out=[out, inv])
         return out, inv
 
-    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
-        lse = nd.pfc_scale_lse(logits, col_scale, target, mask, **_filter_attrs(threshold))
-        return logits, lse
+    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
+        s, m1, m2, m3 = margin.as_tuple()
+        lse, f_t, df_t = nd.pfc_scale_lse(logits, col_scale, target, mask, s=repr(s), m1=repr(m1), m2=repr(m2),
+                                          m3=repr(m3), **_filter_attrs(threshold))
+        return logits, lse, f_t, df_t
 
     def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
         b = nd.pfc_softmax_grad(logits, lse, inv_norm, target, mask, target_grad, s=s, inv_n=1.0 / n,
@@ -193,7 +195,7 @@ class MXNetOps:
         nd._internal._scatter_set_nd(lhs=matrix, rhs=values, indices=nd.stack(rows, target),
                                      shape=matrix.shape, out=matrix)
 
-    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
+    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
         logits = nd.broadcast_mul(logits, col_scale.reshape((1, -1)), out=logits)
         others = logits.copy()
         if threshold is not None:       # filtered cells enter the sum as logit 0 (NaN stays NaN)
@@ -203,8 +205,14 @@ class MXNetOps:
         # where -inf would make its max shift inf - inf = NaN.
         self._set_targets(others, target, mask, nd.full(mask.shape, -1e30, ctx=mask.context))
         top = nd.max(others, axis=1)
-        lse = top + nd.log(nd.sum(nd.exp(nd.broadcast_sub(others, top.reshape((-1, 1)))), axis=1))
-        return logits, lse
+        lse_others = top + nd.log(nd.sum(nd.exp(nd.broadcast_sub(others, top.reshape((-1, 1)))), axis=1))
+        f_t, df_t = margin.target_logit(nd.pick(logits, target, axis=1) / margin.s)
+        zeros = nd.zeros_like(f_t)
+        f_t, df_t = nd.where(mask, f_t, zeros), nd.where(mask, df_t, zeros)    # rows of other ranks: 0, unused
+        # The target enters the sum as its margined logit; it is never subtracted
+        # from a sum that holds the unmargined one (that loses the other terms).
+        lse = nd.where(mask, logaddexp(lse_others, f_t), lse_others)
+        return logits, lse, f_t, df_t
 
     def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
         grad = nd.exp(nd.broadcast_sub(logits, lse.reshape((-1, 1))))

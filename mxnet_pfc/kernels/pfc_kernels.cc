@@ -8,7 +8,9 @@
 //   pfc_gather_inv_norm  w_s[k] = weight[index[k]], inv_norm[k] = 1 / |w_s[k]|
 //   pfc_inv_norm         inv_norm[r] = 1 / |weight[r]|
 //   pfc_scale_lse        logits[i, j] *= col_scale[j] (in place); per row the
-//                        log-sum-exp over every column except the row's target
+//                        log-sum-exp over every column except the row's target,
+//                        the margined target logit f_t and its derivative df_t,
+//                        and the row's log-sum-exp with f_t in it (lse_local)
 //   pfc_softmax_grad     logits -> d loss / d cos * inv_norm (in place), and
 //                        b[j] = sum_i grad[i, j] * cos[i, j]
 //
@@ -54,9 +56,58 @@ struct Filter {
   float threshold;
   explicit Filter(const std::unordered_map<std::string, std::string>& attrs)
       : on(attrs.count("threshold") > 0), threshold(attr_float(attrs, "threshold")) {}
-  // the value a non-target scaled logit enters the softmax with
-  float kept(float logit) const { return on && logit > threshold ? 0.0f : logit; }
 };
+
+// Whether a non-target cell is filtered. NaN and Inf never are, so that the loss
+// check sees them; under -ffast-math a comparison may call NaN "greater", so the
+// test is also made on the bits (not_finite), which the compiler cannot fold away.
+inline bool filtered(float logit, float threshold) {
+  return logit > threshold && !not_finite(logit);
+}
+
+// The value a non-target scaled logit enters the softmax with. A compile-time
+// switch: a run-time test inside the loops stops GCC from vectorising exp there.
+template <bool kFiltered>
+inline float kept(float logit, float threshold) {
+  return kFiltered && filtered(logit, threshold) ? 0.0f : logit;
+}
+
+// The combined margin of the target logit (margin.py's CombinedMarginLoss.target_logit,
+// the same formula and 1e-6 floor; the two are checked against each other in
+// tests/test_kernels.py). Per row, in double: N values, not N x S.
+struct Margin {
+  double s, m1, m2, m3, theta_limit, fallback_shift;
+  bool linear;
+  explicit Margin(const std::unordered_map<std::string, std::string>& attrs)
+      : s(attr_float(attrs, "s")), m1(attr_float(attrs, "m1")), m2(attr_float(attrs, "m2")),
+        m3(attr_float(attrs, "m3")), theta_limit((M_PI - m2) / m1), fallback_shift(m2 * std::sin(m2)),
+        linear(m1 == 1.0 && m2 == 0.0) {}
+  // (f, df/dc) for the target's scaled logit s * c
+  void target_logit(float scaled, float* f, float* df) const {
+    double c = scaled / s;
+    c = c < -1.0 ? -1.0 : (c > 1.0 ? 1.0 : c);
+    if (linear) {                     // CosFace and plain softmax
+      *f = static_cast<float>(s * (c - m3));
+      *df = static_cast<float>(s);
+      return;
+    }
+    const double theta = std::acos(c);
+    if (theta <= theta_limit) {
+      const double angle = m1 * theta + m2, sin_theta = std::sin(theta);
+      *f = static_cast<float>(s * (std::cos(angle) - m3));
+      *df = static_cast<float>(s * m1 * std::sin(angle) / (sin_theta > 1e-6 ? sin_theta : 1e-6));
+    } else {                          // m1 * theta + m2 > pi: InsightFace's fallback branch
+      *f = static_cast<float>(s * (c - m3 - fallback_shift));
+      *df = static_cast<float>(s);
+    }
+  }
+};
+
+// log(exp(a) + exp(b)) with the max shift; a may be kEmptyLse.
+inline float log_add_exp(float a, float b) {
+  const float top = a > b ? a : b;
+  return top + std::log(std::exp(a - top) + std::exp(b - top));
+}
 
 bool check(bool ok, const char* op, const char* what) {
   if (!ok) MX_ERROR_MSG << op << ": " << what;
@@ -107,9 +158,37 @@ MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs
 
 // ------------------------------------------------------------ log-sum-exp
 // Inputs: logits (N, S) [mutated], col_scale (S), target (N) int32, mask (N).
-// Attrs: threshold (optional, see Filter). Output: lse (N), the log-sum-exp of row i over the columns j != target[i]
-// when mask[i] != 0, over all columns otherwise. The target column is left
-// out rather than subtracted: subtracting a dominant term loses the rest.
+// Attrs: s, m1, m2, m3 (Margin); threshold (optional, see Filter).
+// Outputs, per row i:
+//   lse_local (N): log-sum-exp over the columns j != target[i] plus the margined
+//                  target logit when mask[i] != 0; over all columns otherwise.
+//                  The target column is left out and f_t added with log-add-exp,
+//                  never subtracted: subtracting a dominant term loses the rest.
+//   f_t, df_t (N): the margined target logit and d f_t / d cos (0 where mask[i] = 0).
+// One row: scale in place, then the log-sum-exp over [0, skip) and (skip, S).
+template <bool kFiltered>
+float row_lse(float* row, const float* col_scale, int64_t skip, int64_t S, float threshold) {
+  const int64_t ranges[2][2] = {{0, skip < S ? skip : S}, {skip < S ? skip + 1 : S, S}};
+  if (skip < S) row[skip] *= col_scale[skip];
+  float row_max = -3.0e38f;
+  for (const auto& range : ranges) {
+#pragma omp simd reduction(max : row_max)
+    for (int64_t j = range[0]; j < range[1]; ++j) {
+      row[j] *= col_scale[j];
+      const float value = kept<kFiltered>(row[j], threshold);
+      row_max = value > row_max ? value : row_max;
+    }
+  }
+  float total = 0.0f;
+  for (const auto& range : ranges) {
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(kept<kFiltered>(row[j], threshold) - row_max);
+  }
+  // total is 0 only for a row with no column. A NaN or Inf logit makes it NaN: pass
+  // that on (the caller stops the step), instead of letting the comparison hide it.
+  return not_finite(total) ? total : (total > 0.0f ? row_max + std::log(total) : kEmptyLse);
+}
+
 MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attrs,
                         std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                         const OpResource& res) {
@@ -118,32 +197,24 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
   const int32_t* target = (*inputs)[2].data<int32_t>();
   const float* mask = (*inputs)[3].data<float>();
   float* lse = (*outputs)[0].data<float>();
+  float* f_t = (*outputs)[1].data<float>();
+  float* df_t = (*outputs)[2].data<float>();
   const int64_t N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1];
   const Filter filter(attrs);
+  const Margin margin(attrs);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    float* row = logits + i * S;
     const int64_t skip = mask[i] != 0.0f ? target[i] : S;   // S: skip nothing
-    // Column ranges [0, skip) and (skip, S).
-    const int64_t ranges[2][2] = {{0, skip < S ? skip : S}, {skip < S ? skip + 1 : S, S}};
-    if (skip < S) row[skip] *= col_scale[skip];
-    float row_max = -3.0e38f;
-    for (const auto& range : ranges) {
-#pragma omp simd reduction(max : row_max)
-      for (int64_t j = range[0]; j < range[1]; ++j) {
-        row[j] *= col_scale[j];
-        const float kept = filter.kept(row[j]);
-        row_max = kept > row_max ? kept : row_max;
-      }
+    float* row = logits + i * S;
+    const float others = filter.on ? row_lse<true>(row, col_scale, skip, S, filter.threshold)
+                                   : row_lse<false>(row, col_scale, skip, S, 0.0f);
+    if (skip < S) {
+      margin.target_logit(row[skip], f_t + i, df_t + i);
+      lse[i] = log_add_exp(others, f_t[i]);
+    } else {
+      f_t[i] = df_t[i] = 0.0f;
+      lse[i] = others;
     }
-    float total = 0.0f;
-    for (const auto& range : ranges) {
-#pragma omp simd reduction(+ : total)
-      for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(filter.kept(row[j]) - row_max);
-    }
-    // total is 0 only for a row with no column. A NaN or Inf logit makes it NaN: pass
-    // that on (the caller stops the step), instead of letting the comparison hide it.
-    lse[i] = not_finite(total) ? total : (total > 0.0f ? row_max + std::log(total) : kEmptyLse);
   }
   return MX_SUCCESS;
 }
@@ -193,7 +264,8 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
       for (int64_t j = j0; j < j1; ++j) {
         const float logit = row[j];
         // a filtered cell entered the softmax as a constant 0: no gradient
-        const float grad = filter.on && logit > filter.threshold ? 0.0f : std::exp(logit - shift) * scale[j - j0];
+        const float grad = filter.on && filtered(logit, filter.threshold) ? 0.0f
+                                                                           : std::exp(logit - shift) * scale[j - j0];
         acc[j - j0] += grad * logit;
         row[j] = grad;
       }
@@ -277,14 +349,16 @@ MXReturnValue norm_shapes(const std::unordered_map<std::string, std::string>&,
   (*out)[0] = {(*in)[0][0]}; return MX_SUCCESS;
 }
 
-MXReturnValue lse_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
-  *n_in = 4; *n_out = 1; return MX_SUCCESS;
+MXReturnValue lse_attrs(const std::unordered_map<std::string, std::string>& attrs, int* n_in, int* n_out) {
+  *n_in = 4; *n_out = 3;
+  return check(attrs.count("s") && attrs.count("m1") && attrs.count("m2") && attrs.count("m3"), "pfc_scale_lse",
+               "needs the margin's s, m1, m2, m3") ? MX_SUCCESS : MX_FAIL;
 }
 MXReturnValue lse_types(const std::unordered_map<std::string, std::string>&,
                         std::vector<int>* in, std::vector<int>* out) {
   if (!check((*in)[0] == kFloat32 && (*in)[1] == kFloat32 && (*in)[2] == kInt32 && (*in)[3] == kFloat32,
              "pfc_scale_lse", "needs float32 logits, col_scale, mask and int32 target")) return MX_FAIL;
-  (*out)[0] = kFloat32; return MX_SUCCESS;
+  (*out)[0] = (*out)[1] = (*out)[2] = kFloat32; return MX_SUCCESS;
 }
 MXReturnValue lse_shapes(const std::unordered_map<std::string, std::string>&,
                          std::vector<std::vector<unsigned int>>* in,
@@ -293,7 +367,7 @@ MXReturnValue lse_shapes(const std::unordered_map<std::string, std::string>&,
   if (!check(l.size() == 2 && (*in)[1] == std::vector<unsigned int>{l[1]} &&
              (*in)[2] == std::vector<unsigned int>{l[0]} && (*in)[3] == std::vector<unsigned int>{l[0]},
              "pfc_scale_lse", "needs logits (N, S), col_scale (S,), target (N,), mask (N,)")) return MX_FAIL;
-  (*out)[0] = {l[0]}; return MX_SUCCESS;
+  (*out)[0] = (*out)[1] = (*out)[2] = {l[0]}; return MX_SUCCESS;
 }
 MXReturnValue mutate_first(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
   idx->push_back(0); return MX_SUCCESS;
