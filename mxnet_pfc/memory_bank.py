@@ -70,7 +70,8 @@ class MemoryBank:
         self.weight = nd.random.normal(0.0, init_std, shape=(self.num_local, self.embedding_size),
                                        ctx=ctx, dtype="float32")
         self.weight_mom = nd.zeros_like(self.weight)
-        self._held = None       # (gradient, radial, used) of micro-batches not applied yet; see hold()
+        self._held = None       # buffers (gradient, radial, used) for hold(), allocated on first use
+        self._holding = False   # whether hold() has added gradients since the last update_rows
 
     def __repr__(self) -> str:
         return (f"MemoryBank(rank {self.rank}/{self.world_size}: classes [{self.class_start}, "
@@ -96,7 +97,7 @@ class MemoryBank:
         term, so the centers' gradient is grad - radial * rows (docs/DESIGN.md section 2.5).
         Gradients held by hold() are added first, and the update covers their rows too.
         """
-        if self._held is not None:
+        if self._holding:
             index, grad, radial, rows = self._take_held(index, grad, radial)
         self.ops.sgd_rows(self.weight, self.weight_mom, grad, radial, rows, index,
                           self.lr, self.momentum, self.wd)
@@ -119,6 +120,7 @@ class MemoryBank:
                                          shape=total.shape, out=total)
         nd._internal._scatter_set_nd(lhs=used, rhs=nd.ones(index.shape, ctx=self.ctx), indices=rows,
                                      shape=used.shape, out=used)
+        self._holding = True
 
     def _take_held(self, index, grad, radial):
         """(index, grad, radial, rows) of the held micro-batches plus this one; the buffer is cleared."""
@@ -130,6 +132,7 @@ class MemoryBank:
         for total in (held_grad, held_radial, used):       # only the rows used were written
             nd._internal._scatter_set_nd(lhs=total, rhs=nd.zeros((index.shape[0], *total.shape[1:]), ctx=self.ctx),
                                          indices=rows, shape=total.shape, out=total)
+        self._holding = False
         return (index, *taken)
 
     def save(self, folder: str) -> "list[str]":

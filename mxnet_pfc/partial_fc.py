@@ -329,16 +329,17 @@ class PartialFC:
         loss_value = float(loss.asscalar())
         if not np.isfinite(loss_value):
             self._raise_nonfinite(loss_value, parts)
-        # Memory bank: momentum SGD on the sampled rows only; b * inv_w scales the
-        # radial term of the normalisation (grad_w_j - coef_j * w_j).
-        if update:
-            bank.update_rows(index, grad_w, b * inv_w, w)
-        else:
-            bank.hold(index, grad_w, b * inv_w)
         mine = slice(self.rank * B, (self.rank + 1) * B)
         gxh, xh_mine = grad_xh[mine], xh[mine]
         grad_x = nd.broadcast_mul(
             gxh - nd.broadcast_mul(xh_mine, nd.sum(gxh * xh_mine, axis=1, keepdims=True)), inv_x[mine])
+        # Memory bank: momentum SGD on the sampled rows only; b * inv_w scales the
+        # radial term of the normalisation (grad_w_j - coef_j * w_j). Queued after grad_x,
+        # so that the backbone's backward can start while it runs.
+        if update:
+            bank.update_rows(index, grad_w, b * inv_w, w)
+        else:
+            bank.hold(index, grad_w, b * inv_w)
         return loss_value, grad_x.as_in_context(caller_ctx)
 
     def _raise_nonfinite(self, loss: float, parts: nd.NDArray) -> None:

@@ -51,21 +51,23 @@ class HeadMemory:
     sampled: int
     logits: int
     gradients: int
+    held_gradients: int = 0     # gradient accumulation: MemoryBank.hold's buffers and what update takes
 
     @property
     def total(self) -> int:
         return (self.centers + self.momentum + self.sampler_table + self.sampled + self.logits
-                + self.gradients)
+                + self.gradients + self.held_gradients)
 
     def rows(self) -> "list[tuple[str, int]]":
+        held = [("held gradients", self.held_gradients)] if self.held_gradients else []
         return [("centers", self.centers), ("momentum", self.momentum), ("sampler table", self.sampler_table),
                 ("sampled buffers", self.sampled), ("logits", self.logits), ("embedding gradients", self.gradients),
-                ("head total", self.total)]
+                *held, ("head total", self.total)]
 
 
 def head_memory(classes: int, world: int, embedding: int, rate: float, batch: int,
-                dtype: str = "float32") -> HeadMemory:
-    """The head's bytes on the rank holding the most classes; batch is per rank."""
+                dtype: str = "float32", grad_accum: int = 1) -> HeadMemory:
+    """The head's bytes on the rank holding the most classes; batch is per rank (per micro-batch)."""
     num_local = shard_range(classes, 0, world)[1]       # rank 0 holds the most
     n = batch * world
     full = num_sampled_centers(num_local, rate) >= num_local      # as the head's sampler decides
@@ -78,13 +80,17 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
         draws = expected_draws(num_local, num_sample) + n
         table = (num_local + 1) * 4
     sampled = num_sample * embedding * 4 * 2 + num_sample * 4 * 3 + draws * 4 * 2
+    held = 0
+    if grad_accum > 1:      # summed gradient and radial term of every row, a used flag; the union's rows taken
+        union = min(num_local, grad_accum * num_sample)
+        held = num_local * (embedding + 2) * 4 + union * (embedding * 2 + 2) * 4
     return HeadMemory(num_local, num_sample, centers=bank, momentum=bank, sampler_table=table, sampled=sampled,
-                      logits=n * num_sample * 4, gradients=n * embedding * 4 * 4)
+                      logits=n * num_sample * 4, gradients=n * embedding * 4 * 4, held_gradients=held)
 
 
-def largest_rate(classes, world, embedding, batch, dtype, budget) -> "float | None":
+def largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum=1) -> "float | None":
     """The largest sample rate (to 0.001) whose head fits in `budget` bytes; None if none does."""
-    fits = lambda r: head_memory(classes, world, embedding, r, batch, dtype).total <= budget  # noqa: E731
+    fits = lambda r: head_memory(classes, world, embedding, r, batch, dtype, grad_accum).total <= budget  # noqa: E731
     if fits(1.0):
         return 1.0
     if not fits(0.0):
@@ -96,9 +102,9 @@ def largest_rate(classes, world, embedding, batch, dtype, budget) -> "float | No
     return low / 1000
 
 
-def largest_batch(classes, world, embedding, rate, dtype, budget) -> int:
+def largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum=1) -> int:
     """The largest per-rank batch whose head fits in `budget` bytes (0 if not even 1)."""
-    fits = lambda b: head_memory(classes, world, embedding, rate, b, dtype).total <= budget  # noqa: E731
+    fits = lambda b: head_memory(classes, world, embedding, rate, b, dtype, grad_accum).total <= budget  # noqa: E731
     if not fits(1):
         return 0
     low, high = 1, 2
@@ -111,19 +117,20 @@ def largest_batch(classes, world, embedding, rate, dtype, budget) -> int:
 
 
 def report(what: str, classes: int, world: int, embedding: int, rate: float, batch: int, dtype: str,
-           device_gib: "float | None", reserve_gib: float) -> str:
-    memory = head_memory(classes, world, embedding, rate, batch, dtype)
+           device_gib: "float | None", reserve_gib: float, grad_accum: int = 1) -> str:
+    memory = head_memory(classes, world, embedding, rate, batch, dtype, grad_accum)
+    micro = f" x {grad_accum} micro-batches" if grad_accum > 1 else ""
     lines = [f"{what}: {classes:,} classes on {world} ranks ({memory.num_local:,} per rank), embedding {embedding}, "
-             f"sample rate {rate} ({memory.num_sample:,} sampled per rank), batch {batch}/rank "
-             f"({batch * world:,} global), {dtype} centers and momentum"]
+             f"sample rate {rate} ({memory.num_sample:,} sampled per rank), batch {batch}/rank{micro} "
+             f"({batch * world * grad_accum:,} global), {dtype} centers and momentum"]
     lines += [f"  {name:<20} {size / GIB:9.3f} GiB" for name, size in memory.rows()]
     if device_gib:
         budget = int((device_gib - reserve_gib) * GIB)
         verdict = "fits" if memory.total <= budget else "does NOT fit"
         lines.append(f"  device {device_gib:g} GiB - reserve {reserve_gib:g} GiB for the rest = "
                      f"{budget / GIB:.2f} GiB for the head: {verdict}")
-        rate_max = largest_rate(classes, world, embedding, batch, dtype, budget)
-        batch_max = largest_batch(classes, world, embedding, rate, dtype, budget)
+        rate_max = largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum)
+        batch_max = largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum)
         lines.append("  largest sample rate at this batch: "
                      + ("none (the centers alone do not fit)" if rate_max is None else f"{rate_max:g}"))
         lines.append(f"  largest batch per rank at this rate: {batch_max:,}" if batch_max else
@@ -138,7 +145,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--world", type=int, default=8, help="ranks (GPUs) in all (default 8)")
     p.add_argument("--embedding", type=int, default=512, help="embedding size (default 512)")
     p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers per step")
-    p.add_argument("--batch", type=int, default=128, help="images per rank per step (default 128)")
+    p.add_argument("--batch", type=int, default=128, help="images per rank per step, or per micro-batch (default 128)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per step (the trainer's --grad_accum); above 1 the head holds summed "
+                        "gradients, about one more copy of the centers (default 1)")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32",
                    help="storage of centers and momentum (the trainer stores float32; float16 is what-if)")
     p.add_argument("--device-memory", type=float, help="GiB per device; with it, what fits is worked out")
@@ -146,8 +156,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="GiB per device taken by the backbone, activations and framework (default 0)")
     p.add_argument("--published", action="store_true", help="print the published Partial FC settings instead")
     args = p.parse_args(argv)
-    if args.classes < 1 or args.world < 1 or args.embedding < 1 or args.batch < 1:
-        p.error("--classes, --world, --embedding and --batch must be positive")
+    if args.classes < 1 or args.world < 1 or args.embedding < 1 or args.batch < 1 or args.grad_accum < 1:
+        p.error("--classes, --world, --embedding, --batch and --grad-accum must be positive")
     if not 0 < args.sample_rate <= 1:
         p.error("--sample-rate must be in (0, 1]")
     return args
@@ -158,11 +168,11 @@ def main(argv=None) -> int:
     if args.published:
         for what, classes, world, device in PUBLISHED:
             print(report(what, classes, world, args.embedding, args.sample_rate, args.batch, args.dtype,
-                         device, args.reserve))
+                         device, args.reserve, args.grad_accum))
             print()
         return 0
     print(report("plan", int(args.classes), args.world, args.embedding, args.sample_rate, args.batch, args.dtype,
-                 args.device_memory, args.reserve))
+                 args.device_memory, args.reserve, args.grad_accum))
     return 0
 
 

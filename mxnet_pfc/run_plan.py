@@ -40,6 +40,11 @@ class RunPlan:
                 f"({lr_schedule}), context {self.context}")
 
 
+def global_batch(cfg: config_lib.Config, world: int) -> int:
+    """The samples of one optimizer step: batch_size per rank x world_size x grad_accum micro-batches."""
+    return cfg.batch_size * world * cfg.grad_accum
+
+
 def resolve_config(cfg: config_lib.Config, world: int, index=None) -> config_lib.Config:
     """The configuration completed from the data (num_classes, val_targets 'auto') and checked against
     the world size. `index` is the data.folders.FolderIndex of --images."""
@@ -88,8 +93,8 @@ def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
                saved: "dict | None") -> "tuple[int, str]":
     """(max_update, note): the step the run ends at.
 
-    A run resumed on another global batch (another number of ranks) with the
-    same --max_update keeps its length in samples, as its position is kept:
+    A run resumed on another global batch (another number of ranks, batch size
+    or grad_accum) with the same --max_update keeps its length in samples, as its position is kept:
     the checkpoint's end step x its global batch / this global batch, rounded
     up. A --max_update that differs from the checkpoint's counts steps of this
     run's global batch. Without --max_update the length is num_epoch epochs.
@@ -109,12 +114,12 @@ def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
 def make_plan(cfg: config_lib.Config, world: int, num_images: int, steps_per_epoch: int, context: str,
               resume=None) -> RunPlan:
     """The plan of this run; refuses a resumed run that has nothing left to train."""
-    global_batch = cfg.batch_size * world * cfg.grad_accum      # the samples of one optimizer step
-    max_update, note = run_length(cfg, steps_per_epoch, global_batch, resume.state if resume else None)
+    samples = global_batch(cfg, world)
+    max_update, note = run_length(cfg, steps_per_epoch, samples, resume.state if resume else None)
     if resume is not None and resume.step >= max_update:
         raise config_lib.ConfigError(
             f"nothing to train: checkpoint {resume.path} is at step {resume.step} (global batch "
-            f"{global_batch}), and this run ends at step {max_update}"
+            f"{samples}), and this run ends at step {max_update}"
             f"{' (' + note + ')' if note else ''}. To train longer, raise --max_update (or --num_epoch)")
-    lr = cfg.lr * global_batch / cfg.lr_base_batch
-    return RunPlan(num_images, global_batch, steps_per_epoch, max_update, lr, context, note)
+    lr = cfg.lr * samples / cfg.lr_base_batch
+    return RunPlan(num_images, samples, steps_per_epoch, max_update, lr, context, note)

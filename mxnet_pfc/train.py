@@ -29,7 +29,7 @@ from . import checkpoint, comm, device, logs, run_lock, seeding, stops
 from . import config as config_lib
 from . import resume as resume_lib
 from .data import folders, synthetic
-from .data.iterators import DummyIter, FolderIter, RecordIter
+from .data.iterators import DummyIter, FolderIter, RecordIter, steps_in_epoch
 from .eval.verification import Verifier
 from .export import export_model
 from .files import write_json
@@ -41,7 +41,7 @@ from .margin import CombinedMarginLoss
 from .metrics import MetricsLog, Throughput, format_duration
 from .module import PartialFCModule
 from .partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
-from .run_plan import RunPlan, make_plan, resolve_config
+from .run_plan import RunPlan, global_batch, make_plan, resolve_config
 
 log = logging.getLogger(logs.ROOT_LOGGER)
 
@@ -83,11 +83,10 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
     else:
         num_images = cfg.num_images
         data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, image_shape,
-                         steps_per_epoch=max(1, num_images // (cfg.batch_size * world * cfg.grad_accum)),
+                         steps_per_epoch=steps_in_epoch(num_images, cfg.batch_size, world, cfg.grad_accum),
                          micro_batches=cfg.grad_accum)
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
-    global_batch = cfg.batch_size * world * cfg.grad_accum
-    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch)
+    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world))
               if cfg.resume else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
@@ -196,7 +195,7 @@ class Trainer:
                                           resume.state["step"] if resume else None)
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
                         mininterval=5, file=sys.stderr, dynamic_ncols=True)
-        window = Throughput(cfg.batch_size * cfg.grad_accum, self.world)
+        window = Throughput(plan.global_batch // self.world, self.world)
         loss, started, step = float("nan"), time.time(), start_step
         try:
             if cfg.val_at_start and start_step == 0:
@@ -241,7 +240,7 @@ class Trainer:
             return
         per_rank, total, phases = figures["samples_per_sec_per_rank"], figures["samples_per_sec"], figures["phases"]
         shares = " ".join(f"{name} {share:.0%}" for name, share in phases.items() if name != "data")
-        micro = f" ({done * self.cfg.grad_accum} micro-batches)" if self.cfg.grad_accum > 1 else ""
+        micro = f" ({self.cfg.grad_accum} micro-batches each)" if self.cfg.grad_accum > 1 else ""
         log.info(f"step {done}/{self.plan.max_update}{micro} epoch {epoch} loss {loss:.4f} lr {lr:.5f} | "
                  f"{per_rank:.1f} samples/s per rank, {total:.1f} total | "
                  f"data wait {figures['data_wait_fraction']:.0%}{' | ' + shares if shares else ''} | "

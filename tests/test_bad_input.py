@@ -58,8 +58,9 @@ def test_settings_that_differ_across_ranks_are_refused():
 
 @pytest.mark.parametrize("world, value, threshold, kernels", [
     (2, "nan", 0, "1"), (3, "nan", 0, "1"), (2, "inf", 0, "1"),
-    # inter-class filtering must not turn a NaN logit into a filtered 0, in either kernel path
-    (2, "nan", 0.3, "1"), (2, "inf", 0.3, "0")])
+    # Inter-class filtering must not turn a NaN or +Inf logit into a filtered 0, in either kernel
+    # path. A center of norm 1e-30 has inverse norm Inf (its square underflows): Inf logits.
+    (2, "nan", 0.3, "1"), (2, "inf", 0.3, "0"), (2, "1e-30", 0.3, "1"), (2, "1e-30", 0.3, "0")])
 def test_nan_loss_stops_every_rank_before_a_center_moves(world, value, threshold, kernels, tmp_path):
     proc = run_ranks(world, ["tests/dist_worker.py", "nan-center", tmp_path, value, threshold], timeout=120,
                      env={"MXNET_PFC_KERNELS": kernels})
@@ -68,7 +69,7 @@ def test_nan_loss_stops_every_rank_before_a_center_moves(world, value, threshold
     start = 50 - 50 // world          # the last rank's shard
     for report in reports:
         assert report["error"] and report["unchanged"], report
-        assert re.search(rf"the loss is nan: non-finite logits from the centers of rank {world - 1} "
+        assert re.search(rf"the loss is (nan|inf): non-finite logits from the centers of rank {world - 1} "
                          rf"\(classes {start}\.\.49\); stopped before updating the centers", report["error"])
 
 

@@ -92,6 +92,26 @@ def test_epoch_order_with_micro_batches(world):
                           permutation[:single * world * b].reshape(single, world, b)[:, 0])
 
 
+def test_record_iter_with_micro_batches_and_resume(tmp_path):
+    """grad_accum = 2: each step yields 2 x B images in epoch_order's layout, with their own
+    mirror draws; seeking to step t (a resumed run) gives what reading t steps gave."""
+    rec = write_set(tmp_path, (6, 5, 7, 6))            # 24 images: value 10 * i for image i
+    options = dict(batch_size=2, num_classes=4, rank=1, world_size=2, seed=3, micro_batches=2)
+    it = RecordIter(rec, **options)
+    assert it.steps_per_epoch == 24 // (2 * 2 * 2)
+    steps = [next(it) for _ in range(5)]               # into the second epoch
+    it.close()
+    order = np.concatenate([epoch_order(24, 2, 1, 2, 3, epoch, 2) for epoch in (0, 1)])
+    for step, batch in zip(order, steps):
+        assert batch.data.shape == (4, 3, 112, 112) and batch.labels.shape == (4,)
+        assert [int(v) for v in batch.data[:, 0, 0, 50].asnumpy()] == [10 * int(i) for i in step]
+    resumed = RecordIter(rec, **options)
+    resumed.seek(4)
+    again = next(resumed)
+    resumed.close()
+    assert np.array_equal(again.data.asnumpy(), steps[4].data.asnumpy()) and again.epoch == steps[4].epoch == 1
+
+
 def test_epoch_order_refuses_a_set_smaller_than_a_global_batch():
     with pytest.raises(DataError, match="cannot fill one global batch"):
         epoch_order(5, 4, 0, 2, 0, 0)

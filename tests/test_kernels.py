@@ -122,3 +122,20 @@ def test_a_step_with_one_center_matches_float64(fused, num_classes, rate):
     assert abs(loss - ref_loss) <= 1e-5
     np.testing.assert_allclose(grad.asnumpy(), ref_dx, atol=1e-6)
     np.testing.assert_allclose(pfc.bank.weight.asnumpy()[[label]], new_w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("margin", ["arcface", "cosface"])
+def test_a_nan_target_logit_stays_nan_in_both_paths(both, margin):
+    """A row whose only non-finite cell is its target: f_t and the row's log-sum-exp must be NaN,
+    so that the loss check stops the step (under -ffast-math a clamp to [-1, 1] can turn NaN into 1)."""
+    from mxnet_pfc import CombinedMarginLoss
+
+    margin = CombinedMarginLoss.from_name(margin)
+    logits = np.random.default_rng(1).uniform(-0.5, 0.5, size=(3, 5)).astype(np.float32)
+    logits[1, 2] = np.nan
+    target, mask = nd.array([0, 2, 4], dtype="int32"), nd.array([1, 1, 0])
+    for ops in both:
+        _, lse, f_t, _ = ops.scale_lse(nd.array(logits), nd.ones((5,)), target, mask, margin, 0.3 * margin.s)
+        lse, f_t = lse.asnumpy(), f_t.asnumpy()
+        assert np.isnan(f_t[1]) and np.isnan(lse[1]), (ops.name, f_t, lse)
+        assert np.isfinite(lse[[0, 2]]).all() and np.isfinite(f_t[[0, 2]]).all(), ops.name

@@ -70,3 +70,32 @@ def test_module_step_matches_float64(tmp_path, world, grad_accum):
     np.testing.assert_allclose(got_momentum, momentum, rtol=1e-4, atol=1e-7)
     # the update moved the backbone: the test would notice a missing or doubled gradient
     assert np.abs(W - inputs["fc_weight"]).max() > 1e-3
+
+
+def test_added_gradients_of_the_real_backbone_equal_the_sum():
+    """grad_req "add" through r18-lite's convolutions, BatchNorm and PReLU (oneDNN on CPU): two
+    backward passes of the same batch hold twice one pass's gradients (gradient accumulation
+    relies on MXNet adding, not overwriting, in every layer)."""
+    import mxnet as mx
+    import symbols
+
+    symbol = symbols.get_symbol("r18-lite", 128)
+    data = mx.nd.array(np.random.default_rng(0).uniform(0, 255, (4, 3, 112, 112)))
+    out_grad = mx.nd.array(np.random.default_rng(1).normal(size=(4, 128)))
+    grads = {}
+    for req in ("write", "add"):
+        module = mx.mod.Module(symbol, data_names=["data"], label_names=None, context=mx.cpu())
+        module.bind(data_shapes=[("data", data.shape)], for_training=True, grad_req=req)
+        mx.random.seed(5)
+        module.init_params(mx.init.Xavier())
+        for grad in (g for gs in module._exec_group.grad_arrays for g in gs):
+            grad[:] = 0
+        for _ in range(1 if req == "write" else 2):
+            module.forward(mx.io.DataBatch([data]), is_train=True)
+            module.backward(out_grads=[out_grad])
+        grads[req] = {name: module._exec_group.grad_arrays[i][0].asnumpy()
+                      for i, name in enumerate(module._exec_group.param_names)}
+    assert len(grads["add"]) > 50
+    for name, once in grads["write"].items():
+        np.testing.assert_allclose(grads["add"][name], 2 * once, rtol=1e-4, atol=1e-6 * max(1, np.abs(once).max()),
+                                   err_msg=name)

@@ -28,6 +28,18 @@ def test_model_counts_what_the_head_allocates(rate):
         assert model.sampled >= 2 * head.workspace._flat["centers"].size * 4
 
 
+def test_model_counts_the_held_gradients_of_accumulation():
+    classes, dim, batch = 20_000, 16, 8
+    head = PartialFC(CombinedMarginLoss(), embedding_size=dim, num_classes=classes, sample_rate=0.1)
+    rng = np.random.default_rng(0)
+    head.forward_backward(mx.nd.array(rng.normal(size=(batch, dim))), rng.integers(0, classes, batch), 2, update=False)
+    held = sum(a.size * 4 for a in head.bank._held)
+    model = head_memory(classes, 1, dim, 0.1, batch, grad_accum=2)
+    assert head_memory(classes, 1, dim, 0.1, batch).held_gradients == 0
+    assert held <= model.held_gradients <= held + 2 * 2 * model.num_sample * (dim * 2 + 2) * 4
+    assert model.total == head_memory(classes, 1, dim, 0.1, batch).total + model.held_gradients
+
+
 def test_published_ten_million_on_eight_gpus_by_hand():
     m = head_memory(10_000_000, 8, 512, 0.1, 128)
     assert m.num_local == 1_250_000 and m.num_sample == 125_000

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import mxnet as mx
+import numpy as np
 
 nd = mx.nd
 log = logging.getLogger(__name__)
@@ -133,6 +134,12 @@ def logaddexp(a: nd.NDArray, b: nd.NDArray) -> nd.NDArray:
     return top + nd.log(nd.exp(a - top) + nd.exp(b - top))
 
 
+def _filtered(logits: nd.NDArray, threshold: float) -> nd.NDArray:
+    """1 where inter-class filtering applies: above the threshold and finite (NaN compares
+    false; +Inf is kept so that the loss check sees it, as in the fused kernels)."""
+    return (logits > threshold) * (logits < np.inf)
+
+
 def _filter_attrs(threshold: "float | None") -> dict:
     """The kernels' inter-class filter attribute: absent when filtering is off."""
     return {} if threshold is None else {"threshold": repr(float(threshold))}
@@ -198,8 +205,8 @@ class MXNetOps:
     def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
         logits = nd.broadcast_mul(logits, col_scale.reshape((1, -1)), out=logits)
         others = logits.copy()
-        if threshold is not None:       # filtered cells enter the sum as logit 0 (NaN stays NaN)
-            others = nd.where(others > threshold, nd.zeros_like(others), others)
+        if threshold is not None:       # filtered cells enter the sum as logit 0
+            others = nd.where(_filtered(others, threshold), nd.zeros_like(others), others)
         # The target cells leave the sum as -1e30, not -inf: a row whose only column is its
         # target (one sampled center) then gets log-sum-exp -1e30, as in the fused kernel,
         # where -inf would make its max shift inf - inf = NaN.
@@ -218,7 +225,7 @@ class MXNetOps:
         grad = nd.exp(nd.broadcast_sub(logits, lse.reshape((-1, 1))))
         grad = nd.broadcast_mul(grad, (s / n * inv_norm).reshape((1, -1)), out=grad)
         if threshold is not None:       # a filtered cell was a constant 0: no gradient (targets set below)
-            grad = nd.where(logits > threshold, nd.zeros_like(grad), grad)
+            grad = nd.where(_filtered(logits, threshold), nd.zeros_like(grad), grad)
         self._set_targets(grad, target, mask, target_grad)
         ones = self._ones_col(logits.shape[0], logits.context)
         b = nd.dot(grad * logits, ones, transpose_a=True).reshape((-1,)) / s

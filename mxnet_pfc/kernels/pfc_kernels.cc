@@ -13,15 +13,16 @@
 //                        and the row's log-sum-exp with f_t in it (lse_local)
 //   pfc_softmax_grad     logits -> d loss / d cos * inv_norm (in place), and
 //                        b[j] = sum_i grad[i, j] * cos[i, j]
+//   pfc_sgd_rows         momentum SGD of the sampled rows of weight and mom in
+//                        place, with the radial term of the normalisation
 //
 // Inter-class filtering (attribute `threshold`, in scaled units s * T; absent:
 // off): a non-target cell whose scaled logit exceeds it counts as logit 0 in
 // the log-sum-exp and gets gradient 0. The scaled logit itself is kept in
 // place, so both kernels make the same decision from the same float.
-//   pfc_sgd_rows         momentum SGD of the sampled rows of weight and mom in
-//                        place, with the radial term of the normalisation
 //
-// The math is in partial_fc.py; these only fuse it.
+// The math is in docs/DESIGN.md section 2 and partial_fc.py (the margin: margin.py);
+// these only fuse it.
 
 #include <cmath>
 #include <cstdint>
@@ -48,6 +49,11 @@ inline bool not_finite(float x) {
 float attr_float(const std::unordered_map<std::string, std::string>& attrs, const char* key) {
   auto it = attrs.find(key);
   return it == attrs.end() ? 0.0f : std::stof(it->second);
+}
+
+double attr_double(const std::unordered_map<std::string, std::string>& attrs, const char* key) {
+  auto it = attrs.find(key);
+  return it == attrs.end() ? 0.0 : std::stod(it->second);
 }
 
 // The inter-class filter: (on, threshold in scaled units).
@@ -79,11 +85,15 @@ struct Margin {
   double s, m1, m2, m3, theta_limit, fallback_shift;
   bool linear;
   explicit Margin(const std::unordered_map<std::string, std::string>& attrs)
-      : s(attr_float(attrs, "s")), m1(attr_float(attrs, "m1")), m2(attr_float(attrs, "m2")),
-        m3(attr_float(attrs, "m3")), theta_limit((M_PI - m2) / m1), fallback_shift(m2 * std::sin(m2)),
+      : s(attr_double(attrs, "s")), m1(attr_double(attrs, "m1")), m2(attr_double(attrs, "m2")),
+        m3(attr_double(attrs, "m3")), theta_limit((M_PI - m2) / m1), fallback_shift(m2 * std::sin(m2)),
         linear(m1 == 1.0 && m2 == 0.0) {}
   // (f, df/dc) for the target's scaled logit s * c
   void target_logit(float scaled, float* f, float* df) const {
+    if (not_finite(scaled)) {         // passed on for the loss check: under -ffast-math the
+      *f = *df = scaled;              // clamp below compiles to min/max, which turn NaN into 1
+      return;
+    }
     double c = scaled / s;
     c = c < -1.0 ? -1.0 : (c > 1.0 ? 1.0 : c);
     if (linear) {                     // CosFace and plain softmax
