@@ -14,8 +14,8 @@ original = PartialFC.forward_backward
 steps = {"done": 0}
 
 
-def recording(self, embeddings, labels):
-    result = original(self, embeddings, labels)
+def recording(self, embeddings, labels, *args, **kwargs):
+    result = original(self, embeddings, labels, *args, **kwargs)
     steps["done"] += 1
     output = sys.argv[sys.argv.index("--output") + 1]
     np.save(os.path.join(output, f"sampled-rank{comm.rank()}-step{steps['done']}.npy"),
