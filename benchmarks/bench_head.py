@@ -18,7 +18,6 @@ import argparse
 import json
 import resource
 import sys
-import time
 from pathlib import Path
 
 import mxnet as mx
@@ -27,6 +26,7 @@ from tqdm import tqdm
 
 from mxnet_pfc import CombinedMarginLoss, PartialFC, comm, margin
 from mxnet_pfc.plan import head_memory
+from timing import synced
 
 nd = mx.nd
 
@@ -56,14 +56,12 @@ def time_matmuls(N, S, D, ctx, cache):
         cache[S] = [nd.random.normal(shape=shape, ctx=ctx) for shape in ((N, D), (S, D), (N, S))] + \
                    [nd.zeros(shape, ctx=ctx) for shape in ((N, S), (N, D), (S, D))]
     x, w, g, logits, grad_x, grad_w = cache[S]
-    nd.waitall()   # host sync: nothing else is in flight while timing
-    comm.barrier()  # all ranks multiply at once, as they do inside a step
-    start = time.perf_counter()
-    nd.dot(x, w, transpose_b=True, out=logits)
-    nd.dot(g, w, out=grad_x)
-    nd.dot(g, x, transpose_a=True, out=grad_w)
-    nd.waitall()
-    return time.perf_counter() - start
+
+    def products():
+        nd.dot(x, w, transpose_b=True, out=logits)
+        nd.dot(g, w, out=grad_x)
+        nd.dot(g, x, transpose_a=True, out=grad_w)
+    return synced(products)      # all ranks multiply at once, as they do inside a step
 
 
 def main(argv=None):
@@ -86,13 +84,7 @@ def main(argv=None):
     for step in tqdm(steps, desc="steps", disable=rank != 0, file=sys.stdout):
         x = nd.array(rng.normal(size=(B, D)).astype(np.float32), ctx=ctx)
         y = rng.integers(0, args.num_classes, size=B)
-        nd.waitall()
-        comm.barrier()
-        start = time.perf_counter()
-        loss, grad = pfc.forward_backward(x, y)
-        grad.wait_to_read()
-        nd.waitall()
-        elapsed = time.perf_counter() - start
+        elapsed = synced(lambda: pfc.forward_backward(x, y))
         if step < args.warmup:
             # The head's own peak: taken before the floor's operands exist.
             peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import mxnet as mx
@@ -39,6 +38,7 @@ from mxnet_pfc import comm
 from mxnet_pfc import config as config_lib
 from mxnet_pfc import train
 from mxnet_pfc.module import PHASES
+from timing import synced
 
 nd = mx.nd
 PARTS = ("step", "timed", "backbone", "head")
@@ -57,16 +57,6 @@ def parse_args(argv=None):
                    help="log window in steps, for the cost of one timed step per window (default 50)")
     p.add_argument("--json", type=Path, help="append the result as one JSON line to this file")
     return p.parse_args(argv)
-
-
-def synced(fn) -> float:
-    """Seconds of fn() with nothing in flight before it and everything finished after it."""
-    nd.waitall()        # host sync: nothing else is in flight while timing
-    comm.barrier()      # ranks start each timing together, as they run a step together
-    start = time.perf_counter()
-    fn()
-    nd.waitall()
-    return time.perf_counter() - start
 
 
 def main(argv=None):

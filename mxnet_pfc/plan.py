@@ -79,7 +79,8 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
         # candidates drawn with replacement (int32 draws and their keys), then the slot table
         draws = expected_draws(num_local, num_sample) + n
         table = (num_local + 1) * 4
-    sampled = num_sample * embedding * 4 * 2 + num_sample * 4 * 3 + draws * 4 * 2
+    # the center gradient, and the gathered centers unless every center is used (then read in place)
+    sampled = num_sample * embedding * 4 * (1 if full else 2) + num_sample * 4 * 3 + draws * 4 * 2
     held = 0
     if grad_accum > 1:      # summed gradient and radial term of every row, a used flag; the union's rows taken
         union = min(num_local, grad_accum * num_sample)

@@ -26,6 +26,9 @@ def test_model_counts_what_the_head_allocates(rate):
     assert model.logits == logits.size * 4
     if rate < 1:
         assert model.sampled >= 2 * head.workspace._flat["centers"].size * 4
+    else:       # every center in place: only the center gradient (and small per-center vectors)
+        assert "centers" not in head.workspace._flat
+        assert 0 <= model.sampled - head.workspace._flat["center_grad"].size * 4 <= 4 * 4 * model.num_sample
 
 
 def test_model_counts_the_held_gradients_of_accumulation():
