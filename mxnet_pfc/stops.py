@@ -15,6 +15,7 @@ See docs/DESIGN.md section 6.3.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import glob
 import logging
@@ -41,11 +42,57 @@ _state = {"logs": None, "peers": []}     # this run's logs folder; (rank, host, 
 def start(logs_folder: str) -> None:
     """Learn where failure records go and which processes the other ranks are (collective: every rank)."""
     _state["logs"] = logs_folder
-    # A crash inside MXNet or Horovod (SIGSEGV, SIGABRT) prints every thread's Python stack to
-    # stderr before MXNet's own handler runs: the launcher's output then says where it happened.
-    faulthandler.enable(all_threads=True)
+    _record_crashes(logs_folder)
     host = zlib.crc32(f"{socket.gethostname()} {boot_id()}".encode())     # same kernel: pids comparable
     _state["peers"] = [(r, int(h), int(pid)) for r, (h, pid) in enumerate(comm.gather_rows([host, os.getpid()]))]
+
+
+def _crash_path(logs_folder: str, rank: "int | str") -> str:
+    return os.path.join(logs_folder, f"crash-rank{rank}.txt")
+
+
+def _record_crashes(logs_folder: str) -> None:
+    """A crash inside MXNet or Horovod (SIGSEGV, SIGABRT, ...) writes every thread's Python stack to
+    logs/crash-rankR.txt before MXNet's own handler runs, for this rank's log reader and the other
+    ranks' messages (other_rank_cause); the file is removed at a normal exit while still empty."""
+    path = _crash_path(logs_folder, comm.rank())
+    try:
+        crash_file = open(path, "w")
+    except OSError:
+        faulthandler.enable(all_threads=True)        # stderr, then
+        return
+    faulthandler.enable(file=crash_file, all_threads=True)
+
+    def remove_if_empty():
+        faulthandler.disable()
+        crash_file.close()
+        if os.path.exists(path) and os.path.getsize(path) == 0:
+            os.remove(path)
+    _state["crash_cleanup"] = remove_if_empty
+    atexit.register(remove_if_empty)        # a normal exit; _abort() for comm.abort, which skips atexit
+
+
+def _abort(code: int) -> None:
+    """comm.abort, without leaving this rank's empty crash file behind."""
+    cleanup = _state.get("crash_cleanup")
+    if cleanup is not None:
+        cleanup()
+    comm.abort(code)
+
+
+def crash_summary(path: str) -> "str | None":
+    """'Segmentation fault in FILE, line N in FUNCTION' from a faulthandler dump; None if empty."""
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError:
+        return None
+    fatal = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Fatal Python error:")), None)
+    if fatal is None:
+        return None
+    current = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), None)
+    frame = lines[current + 1].strip() if current is not None and current + 1 < len(lines) else ""
+    where = f" in {frame}" if frame.startswith("File") else " outside Python code"
+    return f"{fatal}{where}"
 
 
 SIGNALLED = "signal: "       # the record of a rank stopped by a signal, not by a failure of its own
@@ -56,8 +103,9 @@ def _record_path(logs_folder: str, rank: "int | str") -> str:
 
 
 def clear_records(logs_folder: str) -> None:
-    """Remove the failure records of an earlier run in this folder (rank 0, before the others start)."""
-    for path in glob.glob(_record_path(logs_folder, "*")):
+    """Remove the failure records and crash dumps of an earlier run in this folder (rank 0, before
+    the others start)."""
+    for path in glob.glob(_record_path(logs_folder, "*")) + glob.glob(_crash_path(logs_folder, "*")):
         os.remove(path)
 
 
@@ -102,6 +150,12 @@ def other_rank_cause() -> "str | None":
     if failures:
         rank, message = failures[0]
         return f"rank {rank} failed: {message}"
+    if _state["logs"] is not None:
+        for rank in range(comm.size()):
+            path = _crash_path(_state["logs"], rank)
+            crash = crash_summary(path) if rank != comm.rank() else None
+            if crash:
+                return f"rank {rank} crashed: {crash} (every thread's stack: {path})"
     gone = _gone_local_peers(set(records))
     if gone:
         rank, pid = gone[0]
@@ -143,7 +197,7 @@ def watch_signals() -> None:
                 # straight to stderr, no lock; on a line of its own (rank 0's progress bar may hold one)
                 os.write(2, f"\nrank {comm.rank()}: {message}\n".encode())
                 log.error(message)
-                comm.abort(128 + signum)
+                _abort(128 + signum)
 
     threading.Thread(target=wait, daemon=True, name="signals").start()
 
@@ -164,7 +218,7 @@ def stop_on_error(error: Exception) -> int:
         log.exception(f"stopping on an unexpected error: {type(error).__name__}: {error}")
         if not log.handlers:
             traceback.print_exc()
-        comm.abort(1)
+        _abort(1)
     if lost:
         contact = str(error) if isinstance(error, comm.LostRankError) else comm.lost_peer_message()
         cause = other_rank_cause()
@@ -178,5 +232,5 @@ def stop_on_error(error: Exception) -> int:
     if lost or comm.is_distributed():
         # MXNet's and Horovod's exit handlers would wait on a failed collective, or raise
         # ("Horovod has been shut down") once another rank has stopped
-        comm.abort(1)
+        _abort(1)
     return 1

@@ -3,8 +3,10 @@
 Each run is the reference run of conftest (30 steps, a checkpoint every 8)
 interrupted somewhere; what follows must be what the uninterrupted run did.
 """
+import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -141,3 +143,25 @@ def test_undecodable_record_stops_every_rank_with_its_position(tmp_path):
         line = rank_stop_line(proc.stdout, rank)
         assert f"record 7 (byte {offset})" in line, proc.stdout[-4000:]
     assert "done:" not in proc.stdout
+
+
+def test_a_crashed_rank_is_named_with_where_it_crashed(tmp_path):
+    """A rank that crashes (SIGSEGV, as a fault inside MXNet or Horovod would) leaves every thread's
+    Python stack in logs/crash-rankR.txt, and the other rank says that it crashed and where."""
+    output = tmp_path / "run"
+    proc = start_command(config_sh("--dataset", "speed-1m", "--num_classes", 1000, "--network", "r18-lite",
+                                   "--batch_size", 4, "--max_update", 100_000, "--frequent", 2, "--output", output))
+    wait_until(lambda: last_logged_step(output) >= 2, 180, "the first logged step", proc=proc)
+    pid = wait_until(lambda: trainer_pid(output, 1), 30, "rank 1's trainer")
+    # to its main thread (tgkill; its thread id is its pid), so that the dump has a Python frame to name
+    assert ctypes.CDLL(None, use_errno=True).syscall(234, pid, pid, signal.SIGSEGV) == 0     # SYS_tgkill, x86_64
+    out = finish_command(proc, timeout=120)
+    assert proc.returncode != 0
+    dump = (output / "logs" / "crash-rank1.txt").read_text()
+    assert dump.startswith("Fatal Python error: Segmentation fault") and "Current thread" in dump, dump[:2000]
+    message = rank_stop_line(out, 0)
+    assert re.search(r"rank 1 crashed: Segmentation fault (in File \".*\", line \d+ in \w+|outside Python code)",
+                     message) and "crash-rank1.txt" in message, out[-3000:]
+    # rank 0 did not crash: no dump (its empty file is removed unless the launcher killed it first)
+    rank0 = output / "logs" / "crash-rank0.txt"
+    assert not rank0.exists() or rank0.stat().st_size == 0
