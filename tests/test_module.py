@@ -48,7 +48,7 @@ def reference(inputs):
     return np.array(losses), W, b, centers, mom_c
 
 
-@pytest.mark.parametrize("world, grad_accum", [(1, 1), (2, 1), (3, 1), (1, 3), (2, 2), (3, 2)])
+@pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 1), (1, 3), (3, 2)])
 def test_module_step_matches_float64(tmp_path, world, grad_accum):
     inputs = make_inputs(np.random.default_rng(world), grad_accum)
     np.savez(tmp_path / "inputs.npz", **inputs)
