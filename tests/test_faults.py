@@ -160,7 +160,7 @@ def test_a_crashed_rank_is_named_with_where_it_crashed(tmp_path):
     dump = (output / "logs" / "crash-rank1.txt").read_text()
     assert dump.startswith("Fatal Python error: Segmentation fault") and "Current thread" in dump, dump[:2000]
     message = rank_stop_line(out, 0)
-    assert re.search(r"rank 1 crashed: Segmentation fault (in File \".*\", line \d+ in \w+|outside Python code)",
+    assert re.search(r"rank 1 crashed: Segmentation fault (in File \".*\", line \d+ in \S+|outside Python code)",
                      message) and "crash-rank1.txt" in message, out[-3000:]
     # rank 0 did not crash: no dump (its empty file is removed unless the launcher killed it first)
     rank0 = output / "logs" / "crash-rank0.txt"
