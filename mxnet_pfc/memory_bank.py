@@ -71,7 +71,7 @@ class MemoryBank:
                                        ctx=ctx, dtype="float32")
         self.weight_mom = nd.zeros_like(self.weight)
         self._held = None       # buffers (gradient, radial, used) for hold(), allocated on first use
-        self._holding = False   # whether hold() has added gradients since the last update_rows
+        self._holding = False   # whether hold() has added gradients since the last update
 
     def __repr__(self) -> str:
         return (f"MemoryBank(rank {self.rank}/{self.world_size}: classes [{self.class_start}, "
@@ -82,28 +82,37 @@ class MemoryBank:
         """Bytes of centers and momentum together (what a checkpoint writes for this rank)."""
         return 2 * self.weight.size * 4
 
-    def rows(self, index: "nd.NDArray | None" = None, out: "nd.NDArray | None" = None):
-        """(rows, 1 / |row|) of the centers `index` (sorted local ids), gathered into `out`;
-        without `index`, all centers, in place (no copy)."""
-        if index is None:
-            return self.weight, self.ops.inv_norm(self.weight)
-        return self.ops.gather_inv_norm(self.weight, index, out=out)
+    def logits(self, xh: nd.NDArray, index: nd.NDArray, out: nd.NDArray) -> "tuple[nd.NDArray, nd.NDArray]":
+        """(xh . w^T into out (N, S), 1 / |w| (S,)) for the centers w of `index` (sorted local ids)."""
+        return self.ops.logits(xh, self.weight, index, out)
 
-    def update_rows(self, index: nd.NDArray, grad: nd.NDArray, radial: nd.NDArray, rows: nd.NDArray) -> None:
-        """Momentum SGD of the rows `index` (sorted local ids) with their loss gradient.
+    def backward(self, index: nd.NDArray, grad: nd.NDArray, xh: nd.NDArray, radial: nd.NDArray,
+                 update: bool = True) -> nd.NDArray:
+        """The embeddings' gradient grad . w, and momentum SGD of the centers w of `index`.
 
-        grad (S, D) is the gradient for the normalised rows `rows` (the gathered
-        centers); radial (S,) is the coefficient of the normalisation's radial
-        term, so the centers' gradient is grad - radial * rows (docs/DESIGN.md section 2.5).
-        Gradients held by hold() are added first, and the update covers their rows too.
+        grad (N, S) is the loss gradient for cos * |w| (pfc_softmax_grad); the centers'
+        gradient is grad^T . xh - radial * w, radial (S,) the coefficient of the
+        normalisation's radial term (docs/DESIGN.md section 2.5). One pass over the
+        rows (ops.center_step) unless gradients are accumulated: with update=False
+        the gradient is held (hold) and the centers stay; the next update applies
+        every held gradient.
         """
-        if self._holding:
-            index, grad, radial, rows = self._take_held(index, grad, radial)
-        self.ops.sgd_rows(self.weight, self.weight_mom, grad, radial, rows, index,
-                          self.lr, self.momentum, self.wd)
+        if update and not self._holding:
+            return self.ops.center_step(grad, xh, radial, index, self.weight, self.weight_mom,
+                                        self.lr, self.momentum, self.wd)
+        rows = self.weight if index.shape[0] == self.num_local else nd.take(self.weight, index)
+        grad_xh = nd.dot(grad, rows)
+        center_grad = nd.dot(grad, xh, transpose_a=True)
+        if update:
+            index, center_grad, radial, rows = self._take_held(index, center_grad, radial)
+            self.ops.sgd_rows(self.weight, self.weight_mom, center_grad, radial, rows, index,
+                              self.lr, self.momentum, self.wd)
+        else:
+            self.hold(index, center_grad, radial)
+        return grad_xh
 
     def hold(self, index: nd.NDArray, grad: nd.NDArray, radial: nd.NDArray) -> None:
-        """Add a micro-batch's gradient of the rows `index` to those held for the next update_rows.
+        """Add a micro-batch's gradient of the rows `index` to those held for the next update.
 
         Gradient accumulation: the centers do not move between the micro-batches
         of an optimizer step. Both terms of the gradient are linear in the loss and

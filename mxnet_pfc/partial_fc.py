@@ -104,28 +104,19 @@ class CenterSampler:
     read it back, and the draw that reads its own position survives. The work
     per step is O(draws + N) plus one sort of the chosen indices; the table
     is never cleared because only slots written in the same step are read.
+    The two passes around the host sync are the head's ops (sample_dedup,
+    sample_choose): two fused kernels, or some twenty MXNet operators.
     """
 
-    def __init__(self, num_local: int, num_sample: int, ctx: mx.Context):
+    def __init__(self, num_local: int, num_sample: int, ctx: mx.Context, ops=None):
         self.num_local = num_local
         self.num_sample = num_sample
         self.ctx = ctx
+        self.ops = ops if ops is not None else head_ops(ctx)
         self.full = num_sample >= num_local
         self.num_draws = expected_draws(num_local, num_sample)
         self._all = nd.arange(num_local, ctx=ctx, dtype="int32") if self.full else None
         self._table = None if self.full else nd.zeros((num_local + 1,), ctx=ctx, dtype="int32")
-        self._aranges = {}
-
-    def _arange(self, start: int, stop: int) -> nd.NDArray:
-        key = (start, stop)
-        if key not in self._aranges:
-            self._aranges[key] = nd.arange(start, stop, ctx=self.ctx, dtype="int32")
-        return self._aranges[key]
-
-    def _scatter(self, positions: nd.NDArray, values: nd.NDArray) -> None:
-        """table[positions] = values, in place (for repeated positions one value wins)."""
-        nd._internal._scatter_set_nd(lhs=self._table, rhs=values, indices=positions.reshape((1, -1)),
-                                     shape=self._table.shape, out=self._table)
 
     def sample(self, local_ids: nd.NDArray) -> "tuple[nd.NDArray, nd.NDArray]":
         """(index, target) for int32 local_ids (N,), num_local marking other ranks' labels.
@@ -135,18 +126,12 @@ class CenterSampler:
         """
         if self.full:
             return self._all, local_ids
-        n, N = self.num_local, local_ids.shape[0]
         draws = self.num_draws
         for _attempt in range(20):
-            candidates = nd.random.randint(0, n, shape=(draws,), ctx=self.ctx, dtype="int32")
-            cand_pos = self._arange(N, N + draws)
-            label_pos = self._arange(0, N)
-            self._scatter(candidates, cand_pos)
-            self._scatter(local_ids, label_pos)         # positives overwrite draws of the same class
-            keep_cand = nd.take(self._table, candidates) == cand_pos
-            keep_label = (nd.take(self._table, local_ids) == label_pos) * (local_ids < n)
+            candidates = nd.random.randint(0, self.num_local, shape=(draws,), ctx=self.ctx, dtype="int32")
+            keep, counts = self.ops.sample_dedup(self._table, local_ids, candidates)
             # Host sync: the number of centers fixes the shapes of the rest of the step.
-            num_pos, num_cand = (int(v) for v in nd.concat(keep_label.sum(), keep_cand.sum(), dim=0).asnumpy())
+            num_pos, num_cand = (int(v) for v in counts.asnumpy())
             num_neg = max(self.num_sample - num_pos, 0)
             if num_cand >= num_neg:
                 break
@@ -154,13 +139,7 @@ class CenterSampler:
             draws *= 2
         else:
             raise RuntimeError("the center sampler failed to draw enough distinct negatives")
-        keep_cand = keep_cand * (nd.cumsum(keep_cand) <= num_neg)
-        chosen = nd.contrib.boolean_mask(nd.concat(local_ids, candidates, dim=0),
-                                         nd.concat(keep_label, keep_cand, dim=0))
-        index = nd.sort(chosen)
-        self._scatter(index, self._arange(0, index.shape[0]))
-        target = nd.take(self._table, local_ids)
-        return index, target
+        return self.ops.sample_choose(self._table, local_ids, candidates, keep, num_neg, num_pos + num_neg)
 
 
 class PartialFC:
@@ -212,7 +191,7 @@ class PartialFC:
         self.bank = MemoryBank(self.num_classes, self.embedding_size, self.rank, self.world_size, self.ctx,
                                self.ops, lr=lr, momentum=momentum, wd=wd, init_std=init_std)
         self.num_sample = num_sampled_centers(self.bank.num_local, self.sample_rate)
-        self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self.ctx)
+        self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self.ctx, self.ops)
         self.sampled_index = None     # sorted local ids of the centers used by the last step
         self.workspace = Workspace(self.ctx)
 
@@ -289,15 +268,11 @@ class PartialFC:
         target = nd.clip(target, 0, S - 1)
         mask = in_shard.astype("float32")
 
-        # Forward. scos = s * cos(theta) against every sampled center.
+        # Forward. cos * |w| against every sampled center, read block by block from the bank
+        # (the sampled centers are never copied out), then scaled to scos = s * cos(theta).
         inv_x = self.ops.inv_norm(x_all).reshape((-1, 1))
         xh = nd.broadcast_mul(x_all, inv_x)
-        D, ws = self.embedding_size, self.workspace
-        if self.sampler.full:
-            w, inv_w = bank.rows()
-        else:
-            w, inv_w = bank.rows(index, out=ws.get("centers", (S, D)))
-        scos = nd.dot(xh, w, transpose_b=True, out=ws.get("logits", (N, S)))
+        scos, inv_w = bank.logits(xh, index, out=self.workspace.get("logits", (N, S)))
         # Scaled in place. Per row: the margined target logit f_t (0 on rows of other ranks)
         # and its derivative df_t, and lse_local, the log-sum-exp of this rank's columns with
         # the target entered as f_t (never subtracted from a sum holding the unmargined one:
@@ -319,27 +294,21 @@ class PartialFC:
         mean_over = N * micro_batches       # the samples of the mean loss being trained
         grad_t = (p_t - 1.0) / mean_over * df_t * nd.take(inv_w, target)
         gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, mean_over, threshold)
-        # Collective 3 goes out first (Horovod ops run asynchronously in MXNet's
-        # engine): the center gradient and the SGD below overlap with it.
-        grad_xh = comm.allreduce(nd.dot(gs, w), op="sum", name="pfc.grad")    # collective 3
-        grad_w = nd.dot(gs, xh, transpose_a=True, out=ws.get("center_grad", (S, D)))
-        # Host sync: the loss as a Python float, checked before the centers move
-        # (collective 3 and grad_w keep the engine busy meanwhile). It is the same
-        # on every rank, so every rank stops here together.
+        # Host sync: the loss as a Python float, checked before the centers move (the
+        # gradient above is computed meanwhile). It is the same on every rank, so every
+        # rank stops here together.
         loss_value = float(loss.asscalar())
         if not np.isfinite(loss_value):
             self._raise_nonfinite(loss_value, parts)
+        # The embeddings' gradient and the centers' SGD, in one pass over the sampled rows
+        # (b * inv_w scales the radial term of the normalisation: grad_w_j - coef_j * w_j);
+        # with update=False the centers' gradient is held for the micro-batch that updates.
+        grad_xh = comm.allreduce(bank.backward(index, gs, xh, b * inv_w, update), op="sum",
+                                 name="pfc.grad")                                  # collective 3
         mine = slice(self.rank * B, (self.rank + 1) * B)
         gxh, xh_mine = grad_xh[mine], xh[mine]
         grad_x = nd.broadcast_mul(
             gxh - nd.broadcast_mul(xh_mine, nd.sum(gxh * xh_mine, axis=1, keepdims=True)), inv_x[mine])
-        # Memory bank: momentum SGD on the sampled rows only; b * inv_w scales the
-        # radial term of the normalisation (grad_w_j - coef_j * w_j). Queued after grad_x,
-        # so that the backbone's backward can start while it runs.
-        if update:
-            bank.update_rows(index, grad_w, b * inv_w, w)
-        else:
-            bank.hold(index, grad_w, b * inv_w)
         return loss_value, grad_x.as_in_context(caller_ctx)
 
     def _raise_nonfinite(self, loss: float, parts: nd.NDArray) -> None:

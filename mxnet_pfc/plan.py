@@ -8,7 +8,9 @@ classes), as mxnet_pfc.partial_fc allocates them:
 
   centers, momentum   num_local x D, in the storage dtype (float32 here)
   sampler table       num_local + 1 int32 slots (none at sample rate 1)
-  sampled buffers     S gathered centers and their gradient (S x D float32 each),
+  sampled buffers     S gathered centers and their gradient (S x D float32 each)
+                      on the MXNet-op path (GPU; the fused CPU kernels take
+                      the centers in cache-sized blocks and need neither),
                       inverse norms, indices, and the sampler's draws
   logits              N x S float32 (N = global batch); the softmax gradient
                       is written over them in place

@@ -71,24 +71,33 @@ def test_each_kernel_matches_its_mxnet_twin(both, threshold, margin):
     raw[np.arange(N), target] = np.linspace(-0.99, 0.99, N) * np.linalg.norm(weight[index[target]], axis=1)
     raw = raw.astype(np.float32)
     target_grad = rng.normal(size=N).astype(np.float32)
-    center_grad = rng.normal(size=(S, D)).astype(np.float32)
+    xh = rng.normal(size=(N, D)).astype(np.float32)
     results = []
     for ops in (fused, plain):
-        w = nd.array(weight)
-        rows, inv = ops.gather_inv_norm(w, nd.array(index, dtype="int32"), out=nd.zeros((S, D)))
+        w, idx = nd.array(weight), nd.array(index, dtype="int32")
+        cosw, inv = ops.logits(nd.array(xh), w, idx, out=nd.zeros((N, S)))
         logits, lse, f_t, df_t = ops.scale_lse(nd.array(raw), 30.0 * inv, nd.array(target, dtype="int32"),
                                                nd.array(mask), margin, threshold)
         grad, b = ops.softmax_grad(logits.copy(), lse, inv, nd.array(target, dtype="int32"), nd.array(mask),
                                    nd.array(target_grad), 30.0, N, threshold)
-        mom = nd.zeros((R, D))
-        ops.sgd_rows(w, mom, nd.array(center_grad), b * inv, rows,
-                     nd.array(index, dtype="int32"), 0.1, 0.9, 5e-4)
-        results.append([a.asnumpy() for a in (rows, inv, logits, lse, grad, b, w, mom, f_t, df_t)])
-    names = ["rows", "inv_norm", "logits", "lse", "grad", "b", "weight", "mom", "f_t", "df_t"]
+        mom = nd.full((R, D), 0.01)
+        grad_xh = ops.center_step(grad, nd.array(xh), b * inv, idx, w, mom, 0.1, 0.9, 5e-4)
+        results.append([a.asnumpy() for a in (cosw, inv, logits, lse, grad, b, grad_xh, w, mom, f_t, df_t)])
+    names = ["logits (cos |w|)", "inv_norm", "scaled logits", "lse", "grad", "b", "grad_xh", "weight", "mom",
+             "f_t", "df_t"]
     for name, a, b in zip(names, *results):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6 * max(1.0, np.abs(b).max()), err_msg=name)
-    assert np.array_equal(results[0][6][np.setdiff1d(np.arange(R), index)],
-                          weight[np.setdiff1d(np.arange(R), index)]), "rows outside the index changed"
+    # the products and the SGD against float64
+    w64, x64 = weight[index].astype(np.float64), xh.astype(np.float64)
+    np.testing.assert_allclose(results[0][0], x64 @ w64.T, rtol=1e-5, atol=1e-5)
+    g64, coef = results[0][4].astype(np.float64), (results[0][5] * results[0][1]).astype(np.float64)
+    np.testing.assert_allclose(results[0][6], g64 @ w64, rtol=1e-5, atol=1e-6)
+    step = 0.9 * 0.01 - 0.1 * (g64.T @ x64 - coef[:, None] * w64 + 5e-4 * w64)
+    np.testing.assert_allclose(results[0][8][index], step, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(results[0][7][index], w64 + step, rtol=1e-5, atol=1e-7)
+    untouched = np.setdiff1d(np.arange(R), index)
+    assert np.array_equal(results[0][7][untouched], weight[untouched]), "rows outside the index changed"
+    assert (results[0][8][untouched] == np.float32(0.01)).all(), "momentum outside the index changed"
     if threshold is not None:       # filtered: above the threshold and not a target; no gradient
         logits, grad = results[0][2], results[0][4]
         filtered = logits > threshold
@@ -98,8 +107,37 @@ def test_each_kernel_matches_its_mxnet_twin(both, threshold, margin):
         # and they enter the log-sum-exp as logit 0, the target as f_t: one row by hand, in float64
         row = next(i for i in range(N) if mask[i] > 0)
         others = np.delete(np.where(filtered[row], 0.0, logits[row].astype(np.float64)), target[row])
-        expected = np.log(np.exp(others).sum() + np.exp(np.float64(results[0][8][row])))
+        expected = np.log(np.exp(others).sum() + np.exp(np.float64(results[0][9][row])))
         assert results[0][3][row] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["all", "runs", "scattered", "one"])
+def test_blocked_products_match_float64(both, kind):
+    """pfc_logits and pfc_center_step read blocks of 128 centers either in place (consecutive
+    indices: every center, or runs of them) or gathered; both ways against float64."""
+    fused, _ = both
+    rng = np.random.default_rng(1)
+    N, D, R = 12, 40, 700
+    index = {"all": np.arange(R),
+             "runs": np.r_[np.arange(0, 128), np.arange(200, 300), np.arange(301, 501, 2), np.arange(520, 660)],
+             "scattered": np.sort(rng.choice(R, 333, replace=False)),
+             "one": np.array([R - 1])}[kind].astype(np.int32)
+    S = index.shape[0]
+    weight, mom = rng.normal(size=(R, D)), rng.normal(size=(R, D)) * 0.01
+    xh, grad, coef = rng.normal(size=(N, D)), rng.normal(size=(N, S)) * 0.01, rng.normal(size=S) * 0.01
+    w, m, idx = nd.array(weight), nd.array(mom), nd.array(index, dtype="int32")
+    cosw, inv = fused.logits(nd.array(xh), w, idx, out=nd.zeros((N, S)))
+    grad_xh = fused.center_step(nd.array(grad), nd.array(xh), nd.array(coef), idx, w, m, 0.1, 0.9, 5e-4)
+    rows = weight[index]
+    np.testing.assert_allclose(cosw.asnumpy(), xh @ rows.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(inv.asnumpy(), 1 / np.linalg.norm(rows, axis=1), rtol=1e-5)
+    np.testing.assert_allclose(grad_xh.asnumpy(), grad @ rows, rtol=1e-4, atol=1e-6)
+    step = 0.9 * mom[index] - 0.1 * (grad.T @ xh - coef[:, None] * rows + 5e-4 * rows)
+    np.testing.assert_allclose(m.asnumpy()[index], step, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(w.asnumpy()[index], rows + step, rtol=1e-5, atol=1e-6)
+    others = np.setdiff1d(np.arange(R), index)
+    assert np.array_equal(w.asnumpy()[others], weight[others].astype(np.float32))
+    assert np.array_equal(m.asnumpy()[others], mom[others].astype(np.float32))
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -5,6 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from mxnet_pfc import kernels
 from mxnet_pfc.partial_fc import CenterSampler, expected_draws, num_sampled_centers, shard_range
 
 
@@ -49,14 +50,23 @@ def sample(sampler, labels, n):
     return index.asnumpy(), target.asnumpy()
 
 
+@pytest.fixture(params=["fused", "mxnet"])
+def ops(request):
+    """The sampler's two passes through the fused kernels or the MXNet operators."""
+    if request.param == "mxnet":
+        return kernels.MXNetOps()
+    assert kernels.load_fused(), "the fused kernels should build on this machine"
+    return kernels.FusedOps()
+
+
 @pytest.mark.parametrize("n, k, labels", [
     (1000, 100, [3, 3, 999, 1000, 5000, 17]),     # repeats and other ranks' labels
     (50, 5, list(range(0, 40, 2))),               # positives (20) outnumber k: all kept
     (30, 29, [0, 29]),                            # nearly all classes
 ])
-def test_sample_has_positives_exact_count_no_repeats(n, k, labels):
+def test_sample_has_positives_exact_count_no_repeats(ops, n, k, labels):
     mx.random.seed(3)
-    sampler = CenterSampler(n, k, mx.cpu())
+    sampler = CenterSampler(n, k, mx.cpu(), ops)
     labels = np.array(labels)
     for _ in range(20):
         index, target = sample(sampler, labels, n)
@@ -68,12 +78,12 @@ def test_sample_has_positives_exact_count_no_repeats(n, k, labels):
         assert (index[target[mine]] == labels[mine]).all()   # target = column of the label
 
 
-def test_negatives_are_uniform_without_replacement():
+def test_negatives_are_uniform_without_replacement(ops):
     """Each negative class is drawn with probability (k - P) / (n - P); pairs too."""
     n, k, trials = 20, 6, 6000
     labels = np.array([4, 11, 11])                 # P = 2 positives
     mx.random.seed(5)
-    sampler = CenterSampler(n, k, mx.cpu())
+    sampler = CenterSampler(n, k, mx.cpu(), ops)
     counts = np.zeros(n)
     pair = 0
     for _ in range(trials):
@@ -93,3 +103,21 @@ def test_full_rate_uses_every_center():
     sampler = CenterSampler(10, 10, mx.cpu())
     index, target = sample(sampler, np.array([3, 12]), 10)
     assert (index == np.arange(10)).all() and target[0] == 3
+
+
+def test_fused_and_mxnet_samplers_choose_the_same_centers():
+    """Same draws, same choice: repeated draws, draws of positives, other ranks' labels and
+    redraws (too few distinct draws), over 150 random shapes."""
+    assert kernels.load_fused()
+    rng = np.random.default_rng(0)
+    for trial in range(150):
+        n, N = int(rng.integers(5, 300)), int(rng.integers(1, 40))
+        k = int(rng.integers(1, n))
+        labels = rng.integers(-5, n + 20, N)
+        results = []
+        for ops in (kernels.FusedOps(), kernels.MXNetOps()):
+            mx.random.seed(trial)
+            results.append(sample(CenterSampler(n, k, mx.cpu(), ops), labels, n))
+        mine = (labels >= 0) & (labels < n)
+        assert np.array_equal(results[0][0], results[1][0]), trial
+        assert np.array_equal(results[0][1][mine], results[1][1][mine]), trial

@@ -53,11 +53,16 @@ def _cpu_signature() -> str:
     return "unknown"
 
 
+def _blas_flags() -> "list[str]":
+    """Link against the OpenBLAS that MXNet ships beside libmxnet.so (its `dot` uses it)."""
+    return [f"-L{_mxnet_dir()}", "-l:libopenblas.so.0", f"-Wl,-rpath,{_mxnet_dir()}"]
+
+
 def library_path() -> Path:
     """Where the compiled kernels for this source, MXNet and CPU live."""
     digest = hashlib.sha256()
     for part in (SOURCE.read_bytes(), (_mxnet_dir() / "src" / "lib_api.cc").read_bytes(),
-                 " ".join(FLAGS).encode(), mx.__version__.encode(), _cpu_signature().encode()):
+                 " ".join(FLAGS + _blas_flags()).encode(), mx.__version__.encode(), _cpu_signature().encode()):
         digest.update(part)
     cache = Path(os.environ.get("MXNET_PFC_CACHE", Path.home() / ".cache" / "mxnet_pfc"))
     return cache / f"libpfc_kernels-{digest.hexdigest()[:16]}.so"
@@ -79,7 +84,7 @@ def build(path: "Path | None" = None) -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
         os.close(fd)
         cmd = [compiler, *FLAGS, f"-I{_mxnet_dir() / 'include'}", str(SOURCE),
-               str(_mxnet_dir() / "src" / "lib_api.cc"), "-o", tmp]
+               str(_mxnet_dir() / "src" / "lib_api.cc"), "-o", tmp, *_blas_flags()]
         log.info("compiling the fused Partial FC kernels: %s", " ".join(cmd))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -153,11 +158,6 @@ class FusedOps:
     def inv_norm(self, weight):
         return nd.pfc_inv_norm(weight)
 
-    def gather_inv_norm(self, weight, index, out):
-        inv = nd.empty((index.shape[0],), ctx=weight.context)
-        nd.pfc_gather_inv_norm(weight, index, out=[out, inv])
-        return out, inv
-
     def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
         s, m1, m2, m3 = margin.as_tuple()
         lse, f_t, df_t = nd.pfc_scale_lse(logits, col_scale, target, mask, s=repr(s), m1=repr(m1), m2=repr(m2),
@@ -172,6 +172,20 @@ class FusedOps:
     def sgd_rows(self, weight, mom, grad, coef, rows, index, lr, momentum, wd):
         nd.pfc_sgd_rows(weight, mom, grad, coef, index, lr=lr, momentum=momentum, wd=wd)
 
+    def sample_dedup(self, table, local_ids, candidates):
+        return nd.pfc_sample_dedup(local_ids, candidates, table)
+
+    def sample_choose(self, table, local_ids, candidates, keep, num_neg, size):
+        return nd.pfc_sample_choose(local_ids, candidates, keep, table, num_neg=num_neg, size=size)
+
+    def logits(self, xh, weight, index, out):
+        inv = nd.empty((index.shape[0],), ctx=weight.context)
+        nd.pfc_logits(xh, weight, index, out=[out, inv])
+        return out, inv
+
+    def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
+        return nd.pfc_center_step(grad, xh, coef, index, weight, mom, lr=lr, momentum=momentum, wd=wd)
+
 
 class MXNetOps:
     """The same steps composed of MXNet operators (any context)."""
@@ -180,6 +194,40 @@ class MXNetOps:
 
     def __init__(self):
         self._ones = {}
+        self._aranges = {}
+
+    def _arange(self, start, stop, ctx):
+        if (start, stop, ctx) not in self._aranges:
+            self._aranges[(start, stop, ctx)] = nd.arange(start, stop, ctx=ctx, dtype="int32")
+        return self._aranges[(start, stop, ctx)]
+
+    @staticmethod
+    def _scatter(table, positions, values):
+        """table[positions] = values, in place (for repeated positions one value wins)."""
+        nd._internal._scatter_set_nd(lhs=table, rhs=values, indices=positions.reshape((1, -1)),
+                                     shape=table.shape, out=table)
+
+    def sample_dedup(self, table, local_ids, candidates):
+        """(keep (N + M) int32, counts (2,) int32): labels and draws that read their own slot back."""
+        N, M, ctx = local_ids.shape[0], candidates.shape[0], table.context
+        cand_pos, label_pos = self._arange(N, N + M, ctx), self._arange(0, N, ctx)
+        self._scatter(table, candidates, cand_pos)
+        self._scatter(table, local_ids, label_pos)      # positives overwrite draws of the same class
+        keep_cand = nd.take(table, candidates) == cand_pos
+        keep_label = (nd.take(table, local_ids) == label_pos) * (local_ids < table.shape[0] - 1)
+        counts = nd.concat(keep_label.sum(), keep_cand.sum(), dim=0).astype("int32")
+        return nd.concat(keep_label, keep_cand, dim=0).astype("int32"), counts
+
+    def sample_choose(self, table, local_ids, candidates, keep, num_neg, size):
+        """(index (size,) sorted, target (N,)): kept labels and the first num_neg kept draws."""
+        N = local_ids.shape[0]
+        keep_cand = keep[N:]
+        keep_cand = keep_cand * (nd.cumsum(keep_cand) <= num_neg)
+        chosen = nd.contrib.boolean_mask(nd.concat(local_ids, candidates, dim=0),
+                                         nd.concat(keep[:N], keep_cand, dim=0))
+        index = nd.sort(chosen).astype("int32")
+        self._scatter(table, index, self._arange(0, size, table.context))
+        return index, nd.take(table, local_ids)
 
     def _ones_col(self, n, ctx):
         if (n, ctx) not in self._ones:
@@ -190,10 +238,6 @@ class MXNetOps:
         # A gemv with ones is far faster than nd.norm's reduction on CPU.
         squares = nd.dot(nd.square(weight), self._ones_col(weight.shape[1], weight.context))
         return 1.0 / nd.sqrt(squares.reshape((-1,)))
-
-    def gather_inv_norm(self, weight, index, out):
-        rows = nd.take(weight, index, out=out)
-        return rows, self.inv_norm(rows)
 
     @staticmethod
     def _set_targets(matrix, target, mask, values):
@@ -230,6 +274,21 @@ class MXNetOps:
         ones = self._ones_col(logits.shape[0], logits.context)
         b = nd.dot(grad * logits, ones, transpose_a=True).reshape((-1,)) / s
         return grad, b
+
+    @staticmethod
+    def _rows(weight, index):
+        """weight[index]; the bank itself when index (sorted, unique) holds every row."""
+        return weight if index.shape[0] == weight.shape[0] else nd.take(weight, index)
+
+    def logits(self, xh, weight, index, out):
+        rows = self._rows(weight, index)
+        return nd.dot(xh, rows, transpose_b=True, out=out), self.inv_norm(rows)
+
+    def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
+        rows = self._rows(weight, index)
+        grad_xh = nd.dot(grad, rows)
+        self.sgd_rows(weight, mom, nd.dot(grad, xh, transpose_a=True), coef, rows, index, lr, momentum, wd)
+        return grad_xh
 
     def sgd_rows(self, weight, mom, grad, coef, rows, index, lr, momentum, wd):
         grad -= nd.broadcast_mul(rows, coef.reshape((-1, 1)))

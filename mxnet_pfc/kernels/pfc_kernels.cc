@@ -5,7 +5,6 @@
 // some (norm, max, sum along an axis) are 5-20x slower than the memory traffic
 // they need. Each kernel here touches its data once:
 //
-//   pfc_gather_inv_norm  w_s[k] = weight[index[k]], inv_norm[k] = 1 / |w_s[k]|
 //   pfc_inv_norm         inv_norm[r] = 1 / |weight[r]|
 //   pfc_scale_lse        logits[i, j] *= col_scale[j] (in place); per row the
 //                        log-sum-exp over every column except the row's target,
@@ -15,6 +14,20 @@
 //                        b[j] = sum_i grad[i, j] * cos[i, j]
 //   pfc_sgd_rows         momentum SGD of the sampled rows of weight and mom in
 //                        place, with the radial term of the normalisation
+//   pfc_sample_dedup     the center sampler's deduplication: which draws and
+//                        labels are the first of their class, and their counts
+//   pfc_sample_choose    the sampled centers (sorted) and each row's column
+//   pfc_logits           cos * |w| of every row against the sampled centers and
+//                        their 1 / |w|, block by block from the bank: the
+//                        sampled centers are never copied out as a whole
+//   pfc_center_step      the embeddings' gradient, the centers' gradient and
+//                        their SGD, block by block: the centers' gradient is
+//                        never written out, each center is read once
+//
+// The last two run the products through cblas_sgemm of the OpenBLAS that MXNet
+// ships (the one its `dot` uses) on blocks of kBlockRows centers that stay in
+// the L2 cache, so the bank's rows cross memory once per pass instead of three
+// or four times (gather, product, gradient, SGD).
 //
 // Inter-class filtering (attribute `threshold`, in scaled units s * T; absent:
 // off): a non-target cell whose scaled logit exceeds it counts as logit 0 in
@@ -24,6 +37,7 @@
 // The math is in docs/DESIGN.md section 2 and partial_fc.py (the margin: margin.py);
 // these only fuse it.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +45,11 @@
 #include <vector>
 
 #include "mxnet/lib_api.h"
+
+// OpenBLAS's CBLAS entry (32-bit integers, as MXNet calls it); linked against
+// the libopenblas.so.0 beside libmxnet.so.
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                            const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
 
 using namespace mxnet::ext;
 
@@ -126,29 +145,6 @@ bool check(bool ok, const char* op, const char* what) {
 
 
 // ---------------------------------------------------------------- row norms
-MXReturnValue gather_inv_norm(const std::unordered_map<std::string, std::string>& attrs,
-                              std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
-                              const OpResource& res) {
-  const float* weight = (*inputs)[0].data<float>();
-  const int32_t* index = (*inputs)[1].data<int32_t>();
-  float* rows = (*outputs)[0].data<float>();
-  float* inv_norm = (*outputs)[1].data<float>();
-  const int64_t S = (*inputs)[1].shape[0], D = (*inputs)[0].shape[1];
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < S; ++k) {
-    const float* src = weight + static_cast<int64_t>(index[k]) * D;
-    float* dst = rows + k * D;
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t d = 0; d < D; ++d) {
-      dst[d] = src[d];
-      sq += src[d] * src[d];
-    }
-    inv_norm[k] = 1.0f / std::sqrt(sq);
-  }
-  return MX_SUCCESS;
-}
-
 MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs,
                        std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                        const OpResource& res) {
@@ -323,26 +319,156 @@ MXReturnValue sgd_rows(const std::unordered_map<std::string, std::string>& attrs
   return MX_SUCCESS;
 }
 
+
+// ---------------------------------------------------------------- sampler
+// The rule of partial_fc.CenterSampler (docs/DESIGN.md section 2.2) in two
+// passes around the host sync that learns the sampled count. table (n + 1)
+// int32 is the sampler's persistent slot table; slot n collects labels of
+// other ranks (local id n). Only slots written in the same call are read.
+//
+// pfc_sample_dedup. Inputs: local_ids (N), candidates (M), table [mutated].
+// Outputs: keep (N + M) int32, 1 for a label that is the last row of its class
+// on this rank and for a draw that is the last of its class and no positive;
+// counts (2) int32: the kept labels and the kept draws.
+MXReturnValue sample_dedup(const std::unordered_map<std::string, std::string>& attrs,
+                           std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                           const OpResource& res) {
+  const int32_t* ids = (*inputs)[0].data<int32_t>();
+  const int32_t* cand = (*inputs)[1].data<int32_t>();
+  int32_t* table = (*inputs)[2].data<int32_t>();
+  int32_t* keep = (*outputs)[0].data<int32_t>();
+  int32_t* counts = (*outputs)[1].data<int32_t>();
+  const int64_t N = (*inputs)[0].shape[0], M = (*inputs)[1].shape[0], n = (*inputs)[2].shape[0] - 1;
+  for (int64_t j = 0; j < M; ++j) table[cand[j]] = static_cast<int32_t>(N + j);
+  for (int64_t i = 0; i < N; ++i) table[ids[i]] = static_cast<int32_t>(i);   // positives overwrite draws
+  counts[0] = counts[1] = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    keep[i] = ids[i] < n && table[ids[i]] == i;
+    counts[0] += keep[i];
+  }
+  for (int64_t j = 0; j < M; ++j) {
+    keep[N + j] = table[cand[j]] == N + j;
+    counts[1] += keep[N + j];
+  }
+  return MX_SUCCESS;
+}
+
+// pfc_sample_choose. Inputs: local_ids (N), candidates (M), keep (N + M) from
+// pfc_sample_dedup, table [mutated]. Attrs: num_neg, size (= kept labels + num_neg).
+// Outputs: index (size) the kept labels and the first num_neg kept draws, sorted;
+// target (N) = the column of each row's label in index (meaningless for other ranks').
+MXReturnValue sample_choose(const std::unordered_map<std::string, std::string>& attrs,
+                            std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                            const OpResource& res) {
+  const int32_t* ids = (*inputs)[0].data<int32_t>();
+  const int32_t* cand = (*inputs)[1].data<int32_t>();
+  const int32_t* keep = (*inputs)[2].data<int32_t>();
+  int32_t* table = (*inputs)[3].data<int32_t>();
+  int32_t* index = (*outputs)[0].data<int32_t>();
+  int32_t* target = (*outputs)[1].data<int32_t>();
+  const int64_t N = (*inputs)[0].shape[0], M = (*inputs)[1].shape[0], S = (*outputs)[0].shape[0];
+  int64_t num_neg = std::stol(attrs.at("num_neg")), k = 0;
+  for (int64_t i = 0; i < N && k < S; ++i)
+    if (keep[i]) index[k++] = ids[i];
+  for (int64_t j = 0; j < M && k < S && num_neg > 0; ++j)
+    if (keep[N + j]) { index[k++] = cand[j]; --num_neg; }
+  if (!check(k == S, "pfc_sample_choose", "fewer kept labels and draws than the size asked for")) return MX_FAIL;
+  std::sort(index, index + S);
+  for (int64_t c = 0; c < S; ++c) table[index[c]] = static_cast<int32_t>(c);
+  for (int64_t i = 0; i < N; ++i) target[i] = table[ids[i]];
+  return MX_SUCCESS;
+}
+
+// ------------------------------------------------- blocked logits and center step
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+constexpr int64_t kBlockRows = 256;   // centers per block: 256 x D floats (D = 512: 512 KB) stay near the core
+
+// The rows index[k0..k1) of weight as one (k1 - k0, D) matrix: the bank's own rows
+// when the indices are consecutive (every center, or a run of them), else gathered
+// into buffer. index is sorted and unique.
+const float* block_rows(const float* weight, const int32_t* index, int64_t k0, int64_t k1, int64_t D,
+                        float* buffer) {
+  if (index[k1 - 1] - index[k0] == k1 - 1 - k0) return weight + static_cast<int64_t>(index[k0]) * D;
+  for (int64_t k = k0; k < k1; ++k)
+    std::memcpy(buffer + (k - k0) * D, weight + static_cast<int64_t>(index[k]) * D, D * sizeof(float));
+  return buffer;
+}
+
+// Inputs: xh (N, D) normalised embeddings, weight (R, D) centers, index (S) int32 sorted.
+// Outputs: logits (N, S) = xh . weight[index]^T (cos * |w|), inv_norm (S) = 1 / |weight[index[k]]|.
+MXReturnValue logits(const std::unordered_map<std::string, std::string>& attrs,
+                     std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                     const OpResource& res) {
+  const float* xh = (*inputs)[0].data<float>();
+  const float* weight = (*inputs)[1].data<float>();
+  const int32_t* index = (*inputs)[2].data<int32_t>();
+  float* out = (*outputs)[0].data<float>();
+  float* inv_norm = (*outputs)[1].data<float>();
+  const int64_t N = (*inputs)[0].shape[0], D = (*inputs)[0].shape[1], S = (*inputs)[2].shape[0];
+  std::vector<float> buffer(kBlockRows * D);
+  for (int64_t k0 = 0; k0 < S; k0 += kBlockRows) {
+    const int64_t k1 = k0 + kBlockRows < S ? k0 + kBlockRows : S;
+    const float* rows = block_rows(weight, index, k0, k1, D, buffer.data());
+    for (int64_t k = k0; k < k1; ++k) {
+      const float* row = rows + (k - k0) * D;
+      float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+      for (int64_t d = 0; d < D; ++d) sq += row[d] * row[d];
+      inv_norm[k] = 1.0f / std::sqrt(sq);
+    }
+    cblas_sgemm(kRowMajor, kNoTrans, kTrans, N, k1 - k0, D, 1.0f, xh, D, rows, D, 0.0f, out + k0, S);
+  }
+  return MX_SUCCESS;
+}
+
+// Inputs: grad (N, S) = d loss / d cos * inv_norm (pfc_softmax_grad), xh (N, D),
+// coef (S) the radial coefficients, index (S) int32 sorted, weight and mom (R, D)
+// [mutated]. Attrs: lr, momentum, wd. Output: grad_xh (N, D) = grad . weight[index]
+// with the centers before the update. Per block of centers: its share of grad_xh,
+// its gradient g = grad[:, block]^T . xh - coef * w, and the SGD of pfc_sgd_rows.
+MXReturnValue center_step(const std::unordered_map<std::string, std::string>& attrs,
+                          std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                          const OpResource& res) {
+  const float* grad = (*inputs)[0].data<float>();
+  const float* xh = (*inputs)[1].data<float>();
+  const float* coef = (*inputs)[2].data<float>();
+  const int32_t* index = (*inputs)[3].data<int32_t>();
+  float* weight = (*inputs)[4].data<float>();
+  float* mom = (*inputs)[5].data<float>();
+  float* grad_xh = (*outputs)[0].data<float>();
+  const int64_t N = (*inputs)[1].shape[0], D = (*inputs)[1].shape[1], S = (*inputs)[3].shape[0];
+  const float lr = attr_float(attrs, "lr"), momentum = attr_float(attrs, "momentum");
+  const float wd = attr_float(attrs, "wd");
+  std::vector<float> buffer(kBlockRows * D), center_grad(kBlockRows * D);
+  std::memset(grad_xh, 0, N * D * sizeof(float));
+  for (int64_t k0 = 0; k0 < S; k0 += kBlockRows) {
+    const int64_t k1 = k0 + kBlockRows < S ? k0 + kBlockRows : S, rows_in_block = k1 - k0;
+    const float* rows = block_rows(weight, index, k0, k1, D, buffer.data());
+    cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, N, D, rows_in_block, 1.0f, grad + k0, S, rows, D, 1.0f,
+                grad_xh, D);
+    cblas_sgemm(kRowMajor, kTrans, kNoTrans, rows_in_block, D, N, 1.0f, grad + k0, S, xh, D, 0.0f,
+                center_grad.data(), D);
+    for (int64_t k = k0; k < k1; ++k) {   // rows may be the bank's own: each is read before it is written
+      const float* old = rows + (k - k0) * D;
+      const float* g = center_grad.data() + (k - k0) * D;
+      float* w = weight + static_cast<int64_t>(index[k]) * D;
+      float* m = mom + static_cast<int64_t>(index[k]) * D;
+      const float c = coef[k];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) {
+        const float w_d = old[d];
+        const float step = momentum * m[d] - lr * (g[d] - c * w_d + wd * w_d);
+        m[d] = step;
+        w[d] = w_d + step;
+      }
+    }
+  }
+  return MX_SUCCESS;
+}
+
 // ------------------------------------------------------------ registration
 // parseAttrs/inferType/inferShape per op; inputs are validated here so that a
 // misuse fails with a message instead of reading out of bounds.
-
-MXReturnValue gather_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
-  *n_in = 2; *n_out = 2; return MX_SUCCESS;
-}
-MXReturnValue gather_types(const std::unordered_map<std::string, std::string>&,
-                           std::vector<int>* in, std::vector<int>* out) {
-  if (!check((*in)[0] == kFloat32 && (*in)[1] == kInt32, "pfc_gather_inv_norm",
-             "needs float32 weight and int32 index")) return MX_FAIL;
-  (*out)[0] = kFloat32; (*out)[1] = kFloat32; return MX_SUCCESS;
-}
-MXReturnValue gather_shapes(const std::unordered_map<std::string, std::string>&,
-                            std::vector<std::vector<unsigned int>>* in,
-                            std::vector<std::vector<unsigned int>>* out) {
-  if (!check((*in)[0].size() == 2 && (*in)[1].size() == 1, "pfc_gather_inv_norm",
-             "needs weight (R, D) and index (S,)")) return MX_FAIL;
-  (*out)[0] = {(*in)[1][0], (*in)[0][1]}; (*out)[1] = {(*in)[1][0]}; return MX_SUCCESS;
-}
 
 MXReturnValue norm_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
   *n_in = 1; *n_out = 1; return MX_SUCCESS;
@@ -430,11 +556,92 @@ MXReturnValue mutate_weight_mom(const std::unordered_map<std::string, std::strin
   idx->push_back(0); idx->push_back(1); return MX_SUCCESS;
 }
 
-}  // namespace
 
-REGISTER_OP(pfc_gather_inv_norm)
-.setForward(gather_inv_norm, "cpu").setParseAttrs(gather_attrs)
-.setInferType(gather_types).setInferShape(gather_shapes);
+MXReturnValue dedup_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
+  *n_in = 3; *n_out = 2; return MX_SUCCESS;
+}
+MXReturnValue choose_attrs(const std::unordered_map<std::string, std::string>& attrs, int* n_in, int* n_out) {
+  *n_in = 4; *n_out = 2;
+  return check(attrs.count("num_neg") && attrs.count("size"), "pfc_sample_choose", "needs num_neg and size")
+      ? MX_SUCCESS : MX_FAIL;
+}
+MXReturnValue int32_types(const std::unordered_map<std::string, std::string>&,
+                          std::vector<int>* in, std::vector<int>* out) {
+  for (int t : *in)
+    if (!check(t == kInt32, "pfc_sample", "needs int32 ids, draws, flags and table")) return MX_FAIL;
+  for (auto& t : *out) t = kInt32;
+  return MX_SUCCESS;
+}
+MXReturnValue dedup_shapes(const std::unordered_map<std::string, std::string>&,
+                           std::vector<std::vector<unsigned int>>* in,
+                           std::vector<std::vector<unsigned int>>* out) {
+  if (!check((*in)[0].size() == 1 && (*in)[1].size() == 1 && (*in)[2].size() == 1, "pfc_sample_dedup",
+             "needs local_ids (N,), candidates (M,), table (n + 1,)")) return MX_FAIL;
+  (*out)[0] = {(*in)[0][0] + (*in)[1][0]}; (*out)[1] = {2}; return MX_SUCCESS;
+}
+MXReturnValue choose_shapes(const std::unordered_map<std::string, std::string>& attrs,
+                            std::vector<std::vector<unsigned int>>* in,
+                            std::vector<std::vector<unsigned int>>* out) {
+  if (!check((*in)[0].size() == 1 && (*in)[1].size() == 1 &&
+             (*in)[2] == std::vector<unsigned int>{(*in)[0][0] + (*in)[1][0]} && (*in)[3].size() == 1,
+             "pfc_sample_choose", "needs local_ids (N,), candidates (M,), keep (N + M,), table (n + 1,)"))
+    return MX_FAIL;
+  (*out)[0] = {static_cast<unsigned int>(std::stoul(attrs.at("size")))}; (*out)[1] = {(*in)[0][0]};
+  return MX_SUCCESS;
+}
+MXReturnValue mutate_table_dedup(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
+  idx->push_back(2); return MX_SUCCESS;
+}
+MXReturnValue mutate_table_choose(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
+  idx->push_back(3); return MX_SUCCESS;
+}
+
+MXReturnValue logits_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
+  *n_in = 3; *n_out = 2; return MX_SUCCESS;
+}
+MXReturnValue logits_types(const std::unordered_map<std::string, std::string>&,
+                           std::vector<int>* in, std::vector<int>* out) {
+  if (!check((*in)[0] == kFloat32 && (*in)[1] == kFloat32 && (*in)[2] == kInt32, "pfc_logits",
+             "needs float32 embeddings and weight and an int32 index")) return MX_FAIL;
+  (*out)[0] = (*out)[1] = kFloat32; return MX_SUCCESS;
+}
+MXReturnValue logits_shapes(const std::unordered_map<std::string, std::string>&,
+                            std::vector<std::vector<unsigned int>>* in,
+                            std::vector<std::vector<unsigned int>>* out) {
+  const auto& x = (*in)[0];
+  const auto& w = (*in)[1];
+  if (!check(x.size() == 2 && w.size() == 2 && x[1] == w[1] && (*in)[2].size() == 1 && (*in)[2][0] >= 1,
+             "pfc_logits", "needs embeddings (N, D), weight (R, D) and a non-empty index (S,)")) return MX_FAIL;
+  (*out)[0] = {x[0], (*in)[2][0]}; (*out)[1] = {(*in)[2][0]}; return MX_SUCCESS;
+}
+
+MXReturnValue step_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
+  *n_in = 6; *n_out = 1; return MX_SUCCESS;
+}
+MXReturnValue step_types(const std::unordered_map<std::string, std::string>&,
+                         std::vector<int>* in, std::vector<int>* out) {
+  for (int k = 0; k < 6; ++k)
+    if (!check((*in)[k] == (k == 3 ? kInt32 : kFloat32), "pfc_center_step",
+               "needs float32 grad, embeddings, coef, weight, mom and an int32 index")) return MX_FAIL;
+  (*out)[0] = kFloat32; return MX_SUCCESS;
+}
+MXReturnValue step_shapes(const std::unordered_map<std::string, std::string>&,
+                          std::vector<std::vector<unsigned int>>* in,
+                          std::vector<std::vector<unsigned int>>* out) {
+  const auto& g = (*in)[0];
+  const auto& x = (*in)[1];
+  const auto& w = (*in)[4];
+  bool ok = g.size() == 2 && x.size() == 2 && w.size() == 2 && g[0] == x[0] && x[1] == w[1] && (*in)[5] == w &&
+            (*in)[2] == std::vector<unsigned int>{g[1]} && (*in)[3] == std::vector<unsigned int>{g[1]};
+  if (!check(ok, "pfc_center_step", "needs grad (N, S), embeddings (N, D), coef (S,), index (S,), "
+             "weight and mom (R, D)")) return MX_FAIL;
+  (*out)[0] = {x[0], x[1]}; return MX_SUCCESS;
+}
+MXReturnValue mutate_step(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
+  idx->push_back(4); idx->push_back(5); return MX_SUCCESS;
+}
+
+}  // namespace
 
 REGISTER_OP(pfc_inv_norm)
 .setForward(inv_norm, "cpu").setParseAttrs(norm_attrs)
@@ -451,6 +658,22 @@ REGISTER_OP(pfc_softmax_grad)
 REGISTER_OP(pfc_sgd_rows)
 .setForward(sgd_rows, "cpu").setParseAttrs(sgd_attrs)
 .setInferType(sgd_types).setInferShape(sgd_shapes).setMutateInputs(mutate_weight_mom);
+
+REGISTER_OP(pfc_sample_dedup)
+.setForward(sample_dedup, "cpu").setParseAttrs(dedup_attrs)
+.setInferType(int32_types).setInferShape(dedup_shapes).setMutateInputs(mutate_table_dedup);
+
+REGISTER_OP(pfc_sample_choose)
+.setForward(sample_choose, "cpu").setParseAttrs(choose_attrs)
+.setInferType(int32_types).setInferShape(choose_shapes).setMutateInputs(mutate_table_choose);
+
+REGISTER_OP(pfc_logits)
+.setForward(logits, "cpu").setParseAttrs(logits_attrs)
+.setInferType(logits_types).setInferShape(logits_shapes);
+
+REGISTER_OP(pfc_center_step)
+.setForward(center_step, "cpu").setParseAttrs(step_attrs)
+.setInferType(step_types).setInferShape(step_shapes).setMutateInputs(mutate_step);
 
 MXReturnValue initialize(int version) {
   if (version >= 10900) return MX_SUCCESS;
