@@ -138,6 +138,13 @@ inline float log_add_exp(float a, float b) {
   return top + std::log(std::exp(a - top) + std::exp(b - top));
 }
 
+inline float inverse_norm(const float* row, int64_t D) {
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t d = 0; d < D; ++d) sq += row[d] * row[d];
+  return 1.0f / std::sqrt(sq);
+}
+
 bool check(bool ok, const char* op, const char* what) {
   if (!ok) MX_ERROR_MSG << op << ": " << what;
   return ok;
@@ -152,13 +159,7 @@ MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs
   float* out = (*outputs)[0].data<float>();
   const int64_t R = (*inputs)[0].shape[0], D = (*inputs)[0].shape[1];
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < R; ++r) {
-    const float* src = weight + r * D;
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t d = 0; d < D; ++d) sq += src[d] * src[d];
-    out[r] = 1.0f / std::sqrt(sq);
-  }
+  for (int64_t r = 0; r < R; ++r) out[r] = inverse_norm(weight + r * D, D);
   return MX_SUCCESS;
 }
 
@@ -409,13 +410,7 @@ MXReturnValue logits(const std::unordered_map<std::string, std::string>& attrs,
   for (int64_t k0 = 0; k0 < S; k0 += kBlockRows) {
     const int64_t k1 = k0 + kBlockRows < S ? k0 + kBlockRows : S;
     const float* rows = block_rows(weight, index, k0, k1, D, buffer.data());
-    for (int64_t k = k0; k < k1; ++k) {
-      const float* row = rows + (k - k0) * D;
-      float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-      for (int64_t d = 0; d < D; ++d) sq += row[d] * row[d];
-      inv_norm[k] = 1.0f / std::sqrt(sq);
-    }
+    for (int64_t k = k0; k < k1; ++k) inv_norm[k] = inverse_norm(rows + (k - k0) * D, D);
     cblas_sgemm(kRowMajor, kNoTrans, kTrans, N, k1 - k0, D, 1.0f, xh, D, rows, D, 0.0f, out + k0, S);
   }
   return MX_SUCCESS;
