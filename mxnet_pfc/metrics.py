@@ -24,13 +24,18 @@ class MetricsLog:
     steps after S (the lost run's, which it recomputes) from metrics.jsonl, and
     writes TensorBoard's restart marker (a SessionLog START event at step S + 1),
     on which TensorBoard discards the earlier events of steps S + 1 and later.
+    With `samples_of` every record also holds the samples trained by its step,
+    which keeps growing when a resume on another world size renumbers the steps;
+    records that have it are then dropped by it (beyond `saved_samples`).
     """
 
-    def __init__(self, output: str, tensorboard: bool, start_step: int = 0, saved_step: "int | None" = None):
+    def __init__(self, output: str, tensorboard: bool, start_step: int = 0, saved_step: "int | None" = None,
+                 samples_of=None, saved_samples: "int | None" = None):
         """start_step: the first step this run trains is start_step + 1; saved_step: the checkpoint's
         step in its own run's numbering (they differ when resuming on another global batch)."""
         self.path = os.path.join(output, "metrics.jsonl")
-        self._keep_until(start_step if saved_step is None else saved_step)
+        self._samples_of = samples_of
+        self._keep_until(start_step if saved_step is None else saved_step, saved_samples)
         self._file = open(self.path, "a")
         self._board = None
         if tensorboard:
@@ -43,14 +48,17 @@ class MetricsLog:
             except Exception as error:     # mxboard is optional for training
                 log.warning(f"TensorBoard logging off: {error}")
 
-    def _keep_until(self, step: int) -> None:
-        """Rewrite metrics.jsonl without the records of steps after `step` (and half-written lines)."""
+    def _keep_until(self, step: int, samples: "int | None") -> None:
+        """Rewrite metrics.jsonl without the records after `samples` (records without samples: after
+        `step`) and half-written lines."""
         if not os.path.exists(self.path):
             return
         kept = []
         for line in open(self.path):
             try:
-                if json.loads(line)["step"] <= step:
+                record = json.loads(line)
+                if (record["samples"] <= samples) if samples is not None and "samples" in record \
+                        else record["step"] <= step:
                     kept.append(line if line.endswith("\n") else line + "\n")
             except (ValueError, KeyError, TypeError):
                 continue
@@ -59,6 +67,8 @@ class MetricsLog:
                 f.writelines(kept)
 
     def write(self, step: int, **values) -> None:
+        if self._samples_of is not None:
+            values = {"samples": self._samples_of(step), **values}
         self._file.write(json.dumps({"step": step, "time": round(time.time(), 3), **values}) + "\n")
         self._file.flush()
         if self._board is not None:

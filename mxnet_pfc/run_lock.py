@@ -128,6 +128,17 @@ class OutputLock:
             pass
 
 
+def holder_active(folder: str) -> bool:
+    """Whether a run that is not gone holds `folder` (acquire would refuse it now)."""
+    path = os.path.join(folder, LOCK_NAME)
+    try:
+        holder, mtime = _read(path)
+    except FileNotFoundError:
+        return False
+    age = _filesystem_now(folder) - mtime
+    return age <= STALE_SECONDS if holder is None else not holder.gone(age)[0]
+
+
 def acquire(folder: str) -> OutputLock:
     """Hold `folder` for this run, or raise OutputBusyError naming the run that holds it."""
     os.makedirs(folder, exist_ok=True)

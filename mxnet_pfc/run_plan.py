@@ -102,10 +102,14 @@ def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
     """
     if not cfg.max_update:
         return max(1, math.ceil(cfg.num_epoch * steps_per_epoch)), ""
-    if saved is None or saved["global_batch"] == global_batch or saved["config"].get("max_update") != cfg.max_update:
+    if saved is None or saved["config"].get("max_update") != cfg.max_update:
         return cfg.max_update, ""
+    # From the checkpoint's own end, not --max_update: a run resumed twice (4 ranks, then 2, then 2
+    # again) keeps the first run's length.
     samples = saved["max_update"] * saved["global_batch"]
     max_update = math.ceil(samples / global_batch)
+    if max_update == cfg.max_update:
+        return max_update, ""
     return max_update, (f"--max_update {cfg.max_update} kept in samples: the checkpoint's run ends after "
                         f"{saved['max_update']} steps of {saved['global_batch']} = {samples} samples, "
                         f"{max_update} steps of {global_batch} here")

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import symbols
 
-from . import checkpoint, comm, device, logs, run_lock, seeding, stops
+from . import checkpoint, comm, device, elastic, logs, run_lock, seeding, stops
 from . import config as config_lib
 from . import resume as resume_lib
 from .data import folders, synthetic
@@ -185,14 +185,23 @@ class Trainer:
         self.best = dict(setup.resume.state.get("best", {})) if setup.resume else {}
         self.metrics = None
 
+    def samples_seen(self, step: int) -> int:
+        """Samples trained when `step` (this run's numbering) is done, over every run resumed into this
+        one: the axis that stays monotonic when the world size, and with it the step size, changes."""
+        return self.samples_at_start + (step - self.start_step) * self.plan.global_batch
+
     def run(self, start_step: int) -> dict:
         """Train from start_step to the plan's end; returns rank 0's final figures (others: {})."""
         cfg, plan, data, schedule = self.cfg, self.plan, self.setup.data, self.setup.schedule
         resume = self.setup.resume
+        self.start_step = start_step
+        self.samples_at_start = 0 if resume is None else resume.state.get(
+            "samples_seen", resume.state["step"] * resume.state["global_batch"])
         with comm.fail_together("opening the metrics"):
             if self.rank == 0:
                 self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step,
-                                          resume.state["step"] if resume else None)
+                                          resume.state["step"] if resume else None, samples_of=self.samples_seen,
+                                          saved_samples=resume.state.get("samples_seen") if resume else None)
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
                         mininterval=5, file=sys.stderr, dynamic_ncols=True)
         window = Throughput(plan.global_batch // self.world, self.world)
@@ -222,6 +231,9 @@ class Trainer:
                 if cfg.save_interval and done % cfg.save_interval == 0 and done != plan.max_update:
                     self.save_checkpoint(done)
                     seeding.seed_generators(cfg.seed, self.rank, done)    # what a run resumed from here will do
+                    if self.stop_requested():
+                        progress.close()
+                        return self.stop_at_checkpoint(done)
                 window.exclude(time.time() - paused)     # throughput leaves out evaluation and saving
             progress.close()
             return self.finish(loss, started)
@@ -234,6 +246,22 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
 
+    def stop_requested(self) -> bool:
+        """Whether the elastic supervisor asked this run to stop at this checkpoint (rank 0 looks, every
+        rank follows: a collective)."""
+        asked = self.rank == 0 and os.path.exists(elastic.stop_request_path(self.cfg.output))
+        return comm.gather_rows([float(asked)])[0][0] > 0
+
+    def stop_at_checkpoint(self, step: int) -> dict:
+        """End the run after the checkpoint of `step`, saying so to the supervisor (which relaunches)."""
+        if self.rank == 0:
+            write_json(elastic.stopped_record_path(self.cfg.output), {"step": step, "world_size": self.world})
+            os.remove(elastic.stop_request_path(self.cfg.output))
+            log.info(f"stopped at the checkpoint of step {step} on the elastic supervisor's request "
+                     f"(it relaunches on more ranks with --resume latest)")
+        comm.barrier()
+        return {}
+
     def log_progress(self, done: int, epoch: int, loss: float, lr: float, figures: dict) -> None:
         """Rank 0: the progress line and its metrics record."""
         if self.rank != 0:
@@ -245,8 +273,9 @@ class Trainer:
                  f"{per_rank:.1f} samples/s per rank, {total:.1f} total | "
                  f"data wait {figures['data_wait_fraction']:.0%}{' | ' + shares if shares else ''} | "
                  f"eta {format_duration(figures['eta_seconds'])}")
-        self.metrics.write(done, epoch=epoch, loss=loss, lr=lr, samples_per_sec_per_rank=per_rank,
-                           samples_per_sec=total, data_wait_fraction=figures["data_wait_fraction"],
+        self.metrics.write(done, epoch=epoch, loss=loss, lr=lr, world_size=self.world,
+                           samples_per_sec_per_rank=per_rank, samples_per_sec=total,
+                           data_wait_fraction=figures["data_wait_fraction"],
                            **{f"phase/{name}": share for name, share in phases.items()})
 
     def verify(self, step: int, params=None) -> dict:
@@ -287,7 +316,8 @@ class Trainer:
         cfg, plan = self.cfg, self.plan
         state = dict(network=cfg.network, epoch=step // plan.steps_per_epoch,
                      steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
-                     max_update=plan.max_update, next_lr=self.setup.schedule(step), seed=cfg.seed, best=self.best,
+                     max_update=plan.max_update, samples_seen=self.samples_seen(step),
+                     next_lr=self.setup.schedule(step), seed=cfg.seed, best=self.best,
                      data=dict(epoch=step // plan.steps_per_epoch, step_in_epoch=step % plan.steps_per_epoch),
                      config=cfg.to_dict())
         return checkpoint.save(os.path.join(cfg.output, "checkpoints"), step, module=self.module,

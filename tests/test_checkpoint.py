@@ -175,3 +175,16 @@ def test_atomic_path_leaves_nothing_behind_on_failure(tmp_path):
             open(tmp, "w").write("half")
             raise RuntimeError("crash while writing")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_chain_of_resumes_keeps_the_first_runs_length():
+    """--max_update 48 on 1 rank (batch 8), resumed on 2 ranks (24 steps of 16), resumed again on 2:
+    still 24 steps. (The second resume read --max_update again and trained to step 48: twice as long.)"""
+    from mxnet_pfc import config as config_lib
+    from mxnet_pfc.run_plan import run_length
+    cfg = config_lib.parse_args(["--max_update", "48", "--output", "/tmp/unused"])
+    first = {"max_update": 48, "global_batch": 8, "config": {"max_update": 48}}
+    assert run_length(cfg, 20, 16, first)[0] == 24
+    second = {"max_update": 24, "global_batch": 16, "config": {"max_update": 48}}
+    assert run_length(cfg, 20, 16, second)[0] == 24
+    assert run_length(cfg, 20, 8, second)[0] == 48

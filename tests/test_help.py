@@ -6,7 +6,7 @@ import pytest
 
 COMMANDS = ["mxnet_pfc.train", "mxnet_pfc.export", "mxnet_pfc.embed", "mxnet_pfc.verify", "mxnet_pfc.ijb",
             "mxnet_pfc.onnx_check", "mxnet_pfc.plan", "mxnet_pfc.data.pack", "mxnet_pfc.data.check",
-            "mxnet_pfc.data.synthetic"]
+            "mxnet_pfc.data.synthetic", "mxnet_pfc.elastic"]
 
 
 class Captured(Exception):

@@ -1,0 +1,155 @@
+"""The elastic supervisor (python -m mxnet_pfc.elastic): relaunch after a lost rank, grow when slots
+appear, limits, and Ctrl-C; on this host's ranks (the two-host test cuts a real link: test_two_hosts.py)."""
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from launch import REPO, finish_command, losses, start_command, tiny_synthetic_run, trainer_pid, wait_until
+from mxnet_pfc import elastic
+
+ELASTIC = [sys.executable, "-m", "mxnet_pfc.elastic"]
+
+
+def timeline(output) -> "list[dict]":
+    """The supervisor's timeline as records ([] before its first line)."""
+    try:
+        lines = open(output / "elastic-timeline.tsv").read().splitlines()
+    except FileNotFoundError:
+        return []
+    names = lines[0].split("\t")
+    return [dict(zip(names, line.split("\t"))) for line in lines[1:]]
+
+
+def job_processes(output) -> "list[int]":
+    """Processes whose command line names `output` (the job's ranks), other than ours."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if str(output).encode() in cmdline and b"mxnet_pfc.train" in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def test_parse_hosts_reads_horovods_format():
+    hosts = elastic.parse_hosts("a:2\nb\n# a comment\n\nc:0\na:3\n", default_slots=4)
+    assert hosts.slots == (("a", 3), ("b", 4)) and hosts.total == 7
+    assert hosts.assign(5) == (("a", 3), ("b", 2))
+    with pytest.raises(ValueError, match="line 1: 'a:x' is not host:slots"):
+        elastic.parse_hosts("a:x", 1)
+
+
+def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_path):
+    """1 rank -> the script lists 2 slots -> the job stops at its next checkpoint and relaunches on 2 ->
+    rank 1 is killed -> relaunched on 2 from the last checkpoint -> finishes. No step is lost beyond the
+    last checkpoint or trained twice after it; nothing is left running."""
+    data, _ = reference
+    output, hosts = tmp_path / "run", tmp_path / "hosts.txt"
+    hosts.write_text("localhost:1\n")
+    proc = start_command(ELASTIC + ["--host-discovery-script", f"cat {hosts}", "--max-np", 2,
+                                    "--max-restarts", 1, "--discovery-interval", 1, "--"]
+                         + tiny_synthetic_run(data, output, "--max_update", 48, "--save_interval", 6,
+                                              "--frequent", 1, "--verbose", 1000, "--keep_checkpoints", 3))
+    wait_until(lambda: last_logged_step(output) >= 2, 240, "one rank training", proc=proc)
+    hosts.write_text("localhost:2\n")
+    wait_until(lambda: any(e["event"].startswith("launch (grow") for e in timeline(output)), 240,
+               "the relaunch on 2 ranks", proc=proc)
+    grown_from = int(next(e for e in timeline(output) if e["event"].startswith("launch (grow"))["step"])
+    wait_until(lambda: last_logged_step(output) >= grown_from + 8, 240, "two ranks training", proc=proc)
+    pid = wait_until(lambda: trainer_pid(output, 1), 30, "rank 1's trainer", proc=proc)
+    os.kill(pid, signal.SIGKILL)
+    out = finish_command(proc, timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    events = timeline(output)
+    assert events[0]["event"] == "launch (start)" and events[0]["ranks"] == "1", events
+    assert any("asked the job to stop at its next checkpoint" in e["event"] for e in events), events
+    grow = next(e for e in events if e["event"].startswith("launch (grow"))
+    restart = next(e for e in events if e["event"].startswith("launch (restart 1/1"))
+    assert grow["ranks"] == restart["ranks"] == "2" and "--resume latest" in restart["event"], events
+    assert events[-1]["event"] == "finished", events
+    # The metrics, in samples trained (steps are renumbered when the global batch changes): every
+    # step once and in order, one global batch (8 per rank) after the other, to the run's length
+    # (48 steps of 8 samples, kept in samples); world size 1 up to the growth, then 2.
+    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
+    trained = [(r["samples"], r["world_size"]) for r in records if "loss" in r]
+    assert [b - a for (a, _), (b, w) in zip(trained, trained[1:])] == [8 * w for _, w in trained[1:]], trained
+    assert trained[0] == (8, 1) and trained[-1] == (48 * 8, 2), trained
+    assert [w for s, w in trained if s <= grown_from * 8] == [1] * grown_from, trained
+    assert "summary" in records[-1], records[-1]           # the run ended with its export
+    assert job_processes(output) == []
+
+
+def test_gives_up_without_enough_slots(tmp_path):
+    """Fewer than --min-np slots for --wait-timeout: gives up, saying so (no job runs)."""
+    output = tmp_path / "run"
+    proc = start_command(ELASTIC + ["--host-discovery-script", "echo localhost:1", "--min-np", 2,
+                                    "--wait-timeout", 2, "--discovery-interval", 0.5, "--",
+                                    "--output", output, "--max_update", 5])
+    out = finish_command(proc, timeout=60)
+    assert proc.returncode == elastic.EXIT_GAVE_UP, out
+    assert "gave up: fewer than --min-np 2 slots for 2 s" in out
+    assert [e["event"].split(" (")[0] for e in timeline(output)] == ["waiting for at least 2 slots",
+                                                                    "gave up: fewer than --min-np 2 slots for 2 s"]
+
+
+# Stands in for horovodrun: starts a "rank" in a session of its own (as horovodrun does), then the
+# first launch fails after 2 s (a lost rank: no failure record) and later ones run until killed,
+# ignoring SIGINT and SIGTERM.
+FAKE_LAUNCHER = """#!/usr/bin/env bash
+trap '' INT TERM
+setsid bash -c "exec -a elastic-test-rank-$FAKE_MARK sleep 1000" &
+if [[ ! -e "$FAKE_STATE" ]]; then touch "$FAKE_STATE"; sleep 2; exit 1; fi
+while true; do sleep 1; done
+"""
+
+
+def marked(mark: str) -> "list[int]":
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and f"elastic-test-rank-{mark}".encode() in open(f"/proc/{entry}/cmdline", "rb").read():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("max_restarts", [0, 3])
+def test_max_restarts_and_ctrl_c_during_a_restart_leave_nothing_running(tmp_path, max_restarts):
+    """--max-restarts 0: the first lost rank ends it. Otherwise Ctrl-C while the relaunched job runs:
+    the job is stopped (killed after --stop-grace when it ignores the signal), exit 130, and no
+    process of either launch is left, though each started its rank in a session of its own."""
+    output, fake = tmp_path / "run", tmp_path / "fake-horovodrun"
+    fake.write_text(FAKE_LAUNCHER)
+    fake.chmod(0o755)
+    mark = f"{os.getpid()}-{max_restarts}"
+    proc = start_command(ELASTIC + ["--host-discovery-script", "echo localhost:2", "--horovodrun", fake,
+                                    "--max-restarts", max_restarts, "--stop-grace", 1, "--discovery-interval", 1,
+                                    "--", "--output", output, "--max_update", 5, "--save_interval", 2],
+                         env={"FAKE_STATE": str(tmp_path / "launched"), "FAKE_MARK": mark})
+    if max_restarts == 0:
+        out = finish_command(proc, timeout=60)
+        assert proc.returncode == elastic.EXIT_GAVE_UP, out
+        assert timeline(output)[-1]["event"] == ("gave up: the job ended (exit 1) and --max-restarts 0 "
+                                                 "relaunches are spent")
+    else:
+        wait_until(lambda: any(e["event"].startswith("launch (restart 1/3") for e in timeline(output))
+                   and marked(mark), 60, "the relaunched job", proc=proc)
+        os.kill(proc.pid, signal.SIGINT)
+        out = finish_command(proc, timeout=60)
+        assert proc.returncode == 128 + signal.SIGINT, out
+        assert timeline(output)[-1]["event"] == "interrupted (SIGINT): job stopped"
+    assert marked(mark) == [], "a rank of the job is still running"
+
+
+def last_logged_step(output) -> int:
+    try:
+        return max(losses(output), default=0)
+    except (OSError, ValueError):
+        return 0
