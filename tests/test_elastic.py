@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch import REPO, finish_command, losses, start_command, tiny_synthetic_run, trainer_pid, wait_until
+from launch import finish_command, last_logged_step, start_command, tiny_synthetic_run, trainer_pid, wait_until
 from mxnet_pfc import elastic
 
 ELASTIC = [sys.executable, "-m", "mxnet_pfc.elastic"]
@@ -147,9 +147,3 @@ def test_max_restarts_and_ctrl_c_during_a_restart_leave_nothing_running(tmp_path
         assert timeline(output)[-1]["event"] == "interrupted (SIGINT): job stopped"
     assert marked(mark) == [], "a rank of the job is still running"
 
-
-def last_logged_step(output) -> int:
-    try:
-        return max(losses(output), default=0)
-    except (OSError, ValueError):
-        return 0
