@@ -23,8 +23,9 @@ than --min-np slots are available for --wait-timeout seconds. Ctrl-C or
 SIGTERM is passed to the job, and no process of the job is left behind.
 
 Every change of the world is a line of OUTPUT/elastic-timeline.tsv (time,
-step of the checkpoint the job starts from, ranks, hosts, event) and of this
-command's log; the trainer records its world size in OUTPUT/metrics.jsonl.
+step of the newest checkpoint, ranks, hosts, event) and of this command's
+log, beside the job's own output; the trainer records its world size and
+the samples trained in OUTPUT/metrics.jsonl.
 See docs/DESIGN.md section 6.5.
 """
 from __future__ import annotations
@@ -136,12 +137,11 @@ class Job:
     the job runs, and `stop` kills whichever of them are still there.
     """
 
-    def __init__(self, command: "list[str]", log_path: str):
+    def __init__(self, command: "list[str]"):
         self.command = command
         self.started = time.time()
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
+        self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
         self.known: "dict[int, str]" = {}
         self.track()
 
@@ -180,9 +180,7 @@ class Job:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        code = self.proc.wait()
-        self._log.close()
-        return code
+        return self.proc.wait()
 
 
 def wait_for_lock(output: str, timeout: float) -> None:
@@ -321,8 +319,7 @@ class Supervisor:
             resume = resume or latest_checkpoint_step(self.output) is not None
             wait_for_lock(self.output, timeout=120.0)
             self.event(np_, assigned, f"launch ({reason})" + (": --resume latest" if resume else ""))
-            code, stopped = self.watch(Job(self.command(assigned, resume),
-                                           os.path.join(self.output, "logs", "elastic-jobs.log")), np_, assigned)
+            code, stopped = self.watch(Job(self.command(assigned, resume)), np_, assigned)
             if self.interrupted is not None:
                 self.event(np_, assigned, f"interrupted ({signal.Signals(self.interrupted).name}): job stopped")
                 return 128 + self.interrupted
@@ -423,7 +420,11 @@ def main(argv=None) -> int:
         log.warning("--save_interval is 0: no periodic checkpoints, so a failure restarts from the beginning "
                     "and the job cannot grow")
     if args.max_np is None:
-        args.max_np = max(discover(args.host_discovery_script, args.slots_per_host).total, args.min_np)
+        try:
+            args.max_np = max(discover(args.host_discovery_script, args.slots_per_host).total, args.min_np)
+        except RuntimeError as error:
+            print(f"mxnet_pfc.elastic: {error}", file=sys.stderr)
+            return 2
     supervisor = Supervisor(args, trainer_args, cfg.output)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, supervisor.interrupt)

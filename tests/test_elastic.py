@@ -85,6 +85,12 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
     assert job_processes(output) == []
 
 
+def test_a_broken_discovery_script_is_named(tmp_path):
+    proc = start_command(ELASTIC + ["--host-discovery-script", "echo 'a:b:c'", "--", "--output", tmp_path / "run"])
+    out = finish_command(proc, timeout=60)
+    assert proc.returncode == 2 and "the host discovery script \"echo 'a:b:c'\" printed line 1" in out, out
+
+
 def test_gives_up_without_enough_slots(tmp_path):
     """Fewer than --min-np slots for --wait-timeout: gives up, saying so (no job runs)."""
     output = tmp_path / "run"
