@@ -15,6 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from .errors import CheckpointError
+from .kernels import set_rows, take_rows
 
 nd = mx.nd
 
@@ -100,7 +101,7 @@ class MemoryBank:
         if update and not self._holding:
             return self.ops.center_step(grad, xh, radial, index, self.weight, self.weight_mom,
                                         self.lr, self.momentum, self.wd)
-        rows = self.weight if index.shape[0] == self.num_local else nd.take(self.weight, index)
+        rows = take_rows(self.weight, index)
         grad_xh = nd.dot(grad, rows)
         center_grad = nd.dot(grad, xh, transpose_a=True)
         if update:
@@ -123,12 +124,9 @@ class MemoryBank:
             self._held = (nd.zeros_like(self.weight), nd.zeros((self.num_local,), ctx=self.ctx),
                           nd.zeros((self.num_local,), ctx=self.ctx))
         held_grad, held_radial, used = self._held
-        rows = index.reshape((1, -1))
         for total, part in ((held_grad, grad), (held_radial, radial)):
-            nd._internal._scatter_set_nd(lhs=total, rhs=nd.take(total, index) + part, indices=rows,
-                                         shape=total.shape, out=total)
-        nd._internal._scatter_set_nd(lhs=used, rhs=nd.ones(index.shape, ctx=self.ctx), indices=rows,
-                                     shape=used.shape, out=used)
+            set_rows(total, index, nd.take(total, index) + part)
+        set_rows(used, index, nd.ones(index.shape, ctx=self.ctx))
         self._holding = True
 
     def _take_held(self, index, grad, radial):
@@ -136,11 +134,9 @@ class MemoryBank:
         self.hold(index, grad, radial)
         held_grad, held_radial, used = self._held
         index = nd.array(np.flatnonzero(used.asnumpy()), ctx=self.ctx, dtype="int32")    # host sync: once a step
-        rows = index.reshape((1, -1))
         taken = nd.take(held_grad, index), nd.take(held_radial, index), nd.take(self.weight, index)
         for total in (held_grad, held_radial, used):       # only the rows used were written
-            nd._internal._scatter_set_nd(lhs=total, rhs=nd.zeros((index.shape[0], *total.shape[1:]), ctx=self.ctx),
-                                         indices=rows, shape=total.shape, out=total)
+            set_rows(total, index, nd.zeros((index.shape[0], *total.shape[1:]), ctx=self.ctx))
         self._holding = False
         return (index, *taken)
 

@@ -139,6 +139,17 @@ def logaddexp(a: nd.NDArray, b: nd.NDArray) -> nd.NDArray:
     return top + nd.log(nd.exp(a - top) + nd.exp(b - top))
 
 
+def take_rows(weight: nd.NDArray, index: nd.NDArray) -> nd.NDArray:
+    """weight[index]; the array itself (no copy) when index, sorted and unique, holds every row."""
+    return weight if index.shape[0] == weight.shape[0] else nd.take(weight, index)
+
+
+def set_rows(table: nd.NDArray, index: nd.NDArray, values: nd.NDArray) -> None:
+    """table[index] = values in place, along the first axis (for repeated indices one value wins)."""
+    nd._internal._scatter_set_nd(lhs=table, rhs=values, indices=index.reshape((1, -1)), shape=table.shape,
+                                 out=table)
+
+
 def _filtered(logits: nd.NDArray, threshold: float) -> nd.NDArray:
     """1 where inter-class filtering applies: above the threshold and finite (NaN compares
     false; +Inf is kept so that the loss check sees it, as in the fused kernels)."""
@@ -201,18 +212,12 @@ class MXNetOps:
             self._aranges[(start, stop, ctx)] = nd.arange(start, stop, ctx=ctx, dtype="int32")
         return self._aranges[(start, stop, ctx)]
 
-    @staticmethod
-    def _scatter(table, positions, values):
-        """table[positions] = values, in place (for repeated positions one value wins)."""
-        nd._internal._scatter_set_nd(lhs=table, rhs=values, indices=positions.reshape((1, -1)),
-                                     shape=table.shape, out=table)
-
     def sample_dedup(self, table, local_ids, candidates):
         """(keep (N + M) int32, counts (2,) int32): labels and draws that read their own slot back."""
         N, M, ctx = local_ids.shape[0], candidates.shape[0], table.context
         cand_pos, label_pos = self._arange(N, N + M, ctx), self._arange(0, N, ctx)
-        self._scatter(table, candidates, cand_pos)
-        self._scatter(table, local_ids, label_pos)      # positives overwrite draws of the same class
+        set_rows(table, candidates, cand_pos)
+        set_rows(table, local_ids, label_pos)           # positives overwrite draws of the same class
         keep_cand = nd.take(table, candidates) == cand_pos
         keep_label = (nd.take(table, local_ids) == label_pos) * (local_ids < table.shape[0] - 1)
         counts = nd.concat(keep_label.sum(), keep_cand.sum(), dim=0).astype("int32")
@@ -226,7 +231,7 @@ class MXNetOps:
         chosen = nd.contrib.boolean_mask(nd.concat(local_ids, candidates, dim=0),
                                          nd.concat(keep[:N], keep_cand, dim=0))
         index = nd.sort(chosen).astype("int32")
-        self._scatter(table, index, self._arange(0, size, table.context))
+        set_rows(table, index, self._arange(0, size, table.context))
         return index, nd.take(table, local_ids)
 
     def _ones_col(self, n, ctx):
@@ -275,17 +280,12 @@ class MXNetOps:
         b = nd.dot(grad * logits, ones, transpose_a=True).reshape((-1,)) / s
         return grad, b
 
-    @staticmethod
-    def _rows(weight, index):
-        """weight[index]; the bank itself when index (sorted, unique) holds every row."""
-        return weight if index.shape[0] == weight.shape[0] else nd.take(weight, index)
-
     def logits(self, xh, weight, index, out):
-        rows = self._rows(weight, index)
+        rows = take_rows(weight, index)
         return nd.dot(xh, rows, transpose_b=True, out=out), self.inv_norm(rows)
 
     def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
-        rows = self._rows(weight, index)
+        rows = take_rows(weight, index)
         grad_xh = nd.dot(grad, rows)
         self.sgd_rows(weight, mom, nd.dot(grad, xh, transpose_a=True), coef, rows, index, lr, momentum, wd)
         return grad_xh
