@@ -138,6 +138,24 @@ inline float log_add_exp(float a, float b) {
   return top + std::log(std::exp(a - top) + std::exp(b - top));
 }
 
+// Momentum SGD of one center with the radial term of the normalisation (docs/DESIGN.md
+// section 2.6), from its value before the step `old` (which may be `w` itself):
+// g = grad - coef * old; m = momentum * m - lr * (g + wd * old); w = old + m.
+struct Sgd {
+  float lr, momentum, wd;
+  explicit Sgd(const std::unordered_map<std::string, std::string>& attrs)
+      : lr(attr_float(attrs, "lr")), momentum(attr_float(attrs, "momentum")), wd(attr_float(attrs, "wd")) {}
+  void row(const float* old, const float* grad, float coef, float* w, float* m, int64_t D) const {
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) {
+      const float w_d = old[d];
+      const float step = momentum * m[d] - lr * (grad[d] - coef * w_d + wd * w_d);
+      m[d] = step;
+      w[d] = w_d + step;
+    }
+  }
+};
+
 inline float inverse_norm(const float* row, int64_t D) {
   float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
@@ -300,21 +318,11 @@ MXReturnValue sgd_rows(const std::unordered_map<std::string, std::string>& attrs
   const float* coef = (*inputs)[3].data<float>();
   const int32_t* index = (*inputs)[4].data<int32_t>();
   const int64_t S = (*inputs)[2].shape[0], D = (*inputs)[2].shape[1];
-  const float lr = attr_float(attrs, "lr"), momentum = attr_float(attrs, "momentum");
-  const float wd = attr_float(attrs, "wd");
+  const Sgd sgd(attrs);
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < S; ++k) {
-    const int64_t r = index[k];
-    float* w = weight + r * D;
-    float* m = mom + r * D;
-    const float* g = grad + k * D;
-    const float c = coef[k];
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) {
-      const float step = momentum * m[d] - lr * (g[d] - c * w[d] + wd * w[d]);
-      m[d] = step;
-      w[d] += step;
-    }
+    float* w = weight + static_cast<int64_t>(index[k]) * D;
+    sgd.row(w, grad + k * D, coef[k], w, mom + static_cast<int64_t>(index[k]) * D, D);
   }
   (*outputs)[0].data<float>()[0] = 0.0f;
   return MX_SUCCESS;
@@ -432,8 +440,7 @@ MXReturnValue center_step(const std::unordered_map<std::string, std::string>& at
   float* mom = (*inputs)[5].data<float>();
   float* grad_xh = (*outputs)[0].data<float>();
   const int64_t N = (*inputs)[1].shape[0], D = (*inputs)[1].shape[1], S = (*inputs)[3].shape[0];
-  const float lr = attr_float(attrs, "lr"), momentum = attr_float(attrs, "momentum");
-  const float wd = attr_float(attrs, "wd");
+  const Sgd sgd(attrs);
   std::vector<float> buffer(kBlockRows * D), center_grad(kBlockRows * D);
   std::memset(grad_xh, 0, N * D * sizeof(float));
   for (int64_t k0 = 0; k0 < S; k0 += kBlockRows) {
@@ -443,20 +450,9 @@ MXReturnValue center_step(const std::unordered_map<std::string, std::string>& at
                 grad_xh, D);
     cblas_sgemm(kRowMajor, kTrans, kNoTrans, rows_in_block, D, N, 1.0f, grad + k0, S, xh, D, 0.0f,
                 center_grad.data(), D);
-    for (int64_t k = k0; k < k1; ++k) {   // rows may be the bank's own: each is read before it is written
-      const float* old = rows + (k - k0) * D;
-      const float* g = center_grad.data() + (k - k0) * D;
-      float* w = weight + static_cast<int64_t>(index[k]) * D;
-      float* m = mom + static_cast<int64_t>(index[k]) * D;
-      const float c = coef[k];
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) {
-        const float w_d = old[d];
-        const float step = momentum * m[d] - lr * (g[d] - c * w_d + wd * w_d);
-        m[d] = step;
-        w[d] = w_d + step;
-      }
-    }
+    for (int64_t k = k0; k < k1; ++k)     // rows may be the bank's own: each is read before it is written
+      sgd.row(rows + (k - k0) * D, center_grad.data() + (k - k0) * D, coef[k],
+              weight + static_cast<int64_t>(index[k]) * D, mom + static_cast<int64_t>(index[k]) * D, D);
   }
   return MX_SUCCESS;
 }
