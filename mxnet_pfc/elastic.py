@@ -31,7 +31,6 @@ See docs/DESIGN.md section 6.5.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import logging
 import os
@@ -117,14 +116,12 @@ def discover(script: str, default_slots: int, timeout: float = 60.0) -> Hosts:
 # ------------------------------------------------------------------ the job
 def _processes() -> "dict[int, tuple[int, str]]":
     """{pid: (parent pid, start time)} of every process of this host."""
+    from .run_lock import process_stat
     table = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            text = open(stat).read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        table[int(stat.split("/")[2])] = (int(fields[1]), fields[19])
+    for entry in os.listdir("/proc"):
+        stat = process_stat(int(entry)) if entry.isdigit() else None
+        if stat is not None:
+            table[int(entry)] = stat
     return table
 
 
@@ -138,8 +135,6 @@ class Job:
     """
 
     def __init__(self, command: "list[str]"):
-        self.command = command
-        self.started = time.time()
         # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
         self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
         self.known: "dict[int, str]" = {}
@@ -217,18 +212,10 @@ def without_option(args: "list[str]", name: str) -> "list[str]":
     return out
 
 
-def job_failure(output: str) -> "str | None":
-    """A failure of the run's own (a record in OUTPUT/logs that is not a signal), or None: a lost rank."""
+def job_failure(output: str, ranks: int) -> "str | None":
+    """A failure of the run's own (a failure record that is not a signal), or None: a lost rank."""
     from . import stops           # the trainer's record format; imported late (stops imports MXNet)
-    for path in sorted(glob.glob(os.path.join(output, "logs", "failed-rank*.txt"))):
-        try:
-            message = open(path).read().strip()
-        except OSError:
-            continue
-        if message and not message.startswith(stops.SIGNALLED):
-            rank = os.path.basename(path)[len("failed-rank"):-len(".txt")]
-            return f"rank {rank}: {message}"
-    return None
+    return stops.first_failure(stops.read_records(os.path.join(output, "logs"), range(ranks)))
 
 
 def latest_checkpoint_step(output: str) -> "int | None":
@@ -242,7 +229,6 @@ class Supervisor:
         self.args, self.trainer_args, self.output = args, trainer_args, output
         self.timeline = os.path.join(output, "elastic-timeline.tsv")
         self.restarts = 0
-        self.job: "Job | None" = None
         self.interrupted: "int | None" = None
         os.makedirs(os.path.join(output, "elastic"), exist_ok=True)
         os.makedirs(os.path.join(output, "logs"), exist_ok=True)
@@ -329,7 +315,7 @@ class Supervisor:
             if code == 0:
                 self.event(np_, assigned, "finished")
                 return 0
-            failure = job_failure(self.output)
+            failure = job_failure(self.output, np_)
             if failure is not None or code == 2:
                 self.event(np_, assigned, f"failed on an error of its own (exit {code}): "
                                           f"{failure or 'a configuration error'}; not relaunched")
@@ -343,13 +329,11 @@ class Supervisor:
 
     def watch(self, job: Job, np_: int, assigned) -> "tuple[int, dict | None]":
         """Until the job ends (or we are interrupted): ask it to grow when more slots appear."""
-        self.job = job
         asked = False
         next_look = time.time() + self.args.discovery_interval
         while job.poll() is None:
             if self.interrupted is not None:
-                job.stop(self.interrupted, grace=self.args.stop_grace)
-                return job.proc.returncode, None
+                return job.stop(self.interrupted, grace=self.args.stop_grace), None
             if not asked and time.time() >= next_look:
                 next_look = time.time() + self.args.discovery_interval
                 available = min(self.hosts_now().total, self.args.max_np)
@@ -362,7 +346,6 @@ class Supervisor:
             job.track()
             time.sleep(0.5)
         code = job.stop(grace=0)            # ended: nothing of it may stay behind
-        self.job = None
         try:
             with open(stopped_record_path(self.output)) as f:
                 return code, json.load(f)

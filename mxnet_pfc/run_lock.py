@@ -43,13 +43,20 @@ def boot_id() -> str:
         return ""
 
 
-def _process_start(pid: int) -> "str | None":
-    """The start time of process `pid` (clock ticks since boot), or None when there is no such process."""
+def process_stat(pid: int) -> "tuple[int, str] | None":
+    """(parent pid, start time in clock ticks since boot) of process `pid`, or None when there is none."""
     try:
         stat = open(f"/proc/{pid}/stat").read()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2:].split()[19]     # field 22 of proc(5), counted after the name
+    fields = stat[stat.rindex(")") + 2:].split()      # proc(5) fields 3 on, counted after the name
+    return int(fields[1]), fields[19]                  # fields 4 and 22
+
+
+def _process_start(pid: int) -> "str | None":
+    """The start time of process `pid`, or None when there is no such process."""
+    stat = process_stat(pid)
+    return None if stat is None else stat[1]
 
 
 def _filesystem_now(folder: str) -> float:

@@ -120,18 +120,33 @@ def record_failure(message: str) -> None:
         pass
 
 
+def read_records(logs_folder: str, ranks) -> "dict[int, str]":
+    """{rank: message} of the failure records of `ranks` in logs_folder."""
+    found = {}
+    for rank in ranks:
+        try:
+            found[rank] = open(_record_path(logs_folder, rank)).read().strip()
+        except OSError:
+            continue
+    return found
+
+
+def first_failure(records: "dict[int, str]") -> "str | None":
+    """'rank R failed: MESSAGE' for the lowest rank whose record is a failure of its own (not a
+    signal; an empty record, cut off while written, says nothing), or None."""
+    failures = sorted((rank, message) for rank, message in records.items()
+                      if message and not message.startswith(SIGNALLED))
+    if not failures:
+        return None
+    rank, message = failures[0]
+    return f"rank {rank} failed: {message}"
+
+
 def _records() -> "dict[int, str]":
     """{rank: message} of the other ranks' records."""
-    found = {}
     if _state["logs"] is None:          # before start(): no records to read yet
-        return found
-    for rank in range(comm.size()):
-        if rank != comm.rank():
-            try:
-                found[rank] = open(_record_path(_state["logs"], rank)).read().strip()
-            except OSError:
-                continue
-    return found
+        return {}
+    return read_records(_state["logs"], (rank for rank in range(comm.size()) if rank != comm.rank()))
 
 
 def _gone_local_peers(accounted: "set[int]") -> "list[tuple[int, int]]":
@@ -146,10 +161,9 @@ def _gone_local_peers(accounted: "set[int]") -> "list[tuple[int, int]]":
 def other_rank_cause() -> "str | None":
     """What is known of another rank's failure (a failure record, or a local rank gone), or None."""
     records = _records()
-    failures = sorted((rank, message) for rank, message in records.items() if not message.startswith(SIGNALLED))
-    if failures:
-        rank, message = failures[0]
-        return f"rank {rank} failed: {message}"
+    failure = first_failure(records)
+    if failure is not None:
+        return failure
     if _state["logs"] is not None:
         for rank in range(comm.size()):
             path = _crash_path(_state["logs"], rank)

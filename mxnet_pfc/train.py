@@ -170,7 +170,7 @@ def train(cfg: config_lib.Config) -> dict:
         seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
         if rank == 0:
             log.info(plan.describe(cfg.batch_size, world, cfg.grad_accum, cfg.lr_schedule))
-        return Trainer(setup, head, module, rank, world).run(start_step)
+        return Trainer(setup, head, module, rank, world, start_step).run()
     finally:
         if lock is not None:
             lock.release()
@@ -179,24 +179,25 @@ def train(cfg: config_lib.Config) -> dict:
 class Trainer:
     """One rank's run once everything is built: the loop, verification, checkpoints, the end."""
 
-    def __init__(self, setup: Setup, head: PartialFC, module: PartialFCModule, rank: int, world: int):
+    def __init__(self, setup: Setup, head: PartialFC, module: PartialFCModule, rank: int, world: int,
+                 start_step: int):
         self.setup, self.cfg, self.plan = setup, setup.cfg, setup.plan
         self.head, self.module, self.rank, self.world = head, module, rank, world
         self.best = dict(setup.resume.state.get("best", {})) if setup.resume else {}
         self.metrics = None
+        self.start_step = start_step        # the first step this run trains is start_step + 1
+        self.samples_at_start = 0 if setup.resume is None else setup.resume.state.get(
+            "samples_seen", setup.resume.state["step"] * setup.resume.state["global_batch"])
 
     def samples_seen(self, step: int) -> int:
         """Samples trained when `step` (this run's numbering) is done, over every run resumed into this
         one: the axis that stays monotonic when the world size, and with it the step size, changes."""
         return self.samples_at_start + (step - self.start_step) * self.plan.global_batch
 
-    def run(self, start_step: int) -> dict:
+    def run(self) -> dict:
         """Train from start_step to the plan's end; returns rank 0's final figures (others: {})."""
         cfg, plan, data, schedule = self.cfg, self.plan, self.setup.data, self.setup.schedule
-        resume = self.setup.resume
-        self.start_step = start_step
-        self.samples_at_start = 0 if resume is None else resume.state.get(
-            "samples_seen", resume.state["step"] * resume.state["global_batch"])
+        resume, start_step = self.setup.resume, self.start_step
         with comm.fail_together("opening the metrics"):
             if self.rank == 0:
                 self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step,
