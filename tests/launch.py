@@ -111,19 +111,30 @@ def wait_until(condition, timeout: float, what: str, interval: float = 0.01, pro
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def trainer_pid(output, rank: int) -> "int | None":
-    """The PID of the trainer process of `rank` writing to `output` (from /proc), or None."""
+def trainer_processes(output) -> "list[int]":
+    """The PIDs of the trainer processes writing to `output` (from /proc), other than this one."""
+    found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"mxnet_pfc.train" in cmdline and str(output).encode() in cmdline \
-                and f"HOROVOD_RANK={rank}".encode() in environ:
-            return int(entry)
+        if b"mxnet_pfc.train" in cmdline and str(output).encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def trainer_pid(output, rank: int) -> "int | None":
+    """The PID of the trainer process of `rank` writing to `output` (from /proc), or None."""
+    for pid in trainer_processes(output):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"HOROVOD_RANK={rank}".encode() in environ:
+            return pid
     return None
 
 

@@ -1,5 +1,5 @@
 """The elastic supervisor (python -m mxnet_pfc.elastic): relaunch after a lost rank, grow when slots
-appear, limits, and Ctrl-C; on this host's ranks (the two-host test cuts a real link: test_two_hosts.py)."""
+appear, limits, and Ctrl-C; on this host's ranks (a link cut between two hosts is not tested yet)."""
 import json
 import os
 import signal
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from launch import finish_command, last_logged_step, start_command, tiny_synthetic_run, trainer_pid, wait_until
+from launch import finish_command, last_logged_step, start_command, tiny_synthetic_run, trainer_pid, \
+    trainer_processes, wait_until
 from mxnet_pfc import elastic
 
 ELASTIC = [sys.executable, "-m", "mxnet_pfc.elastic"]
@@ -21,20 +22,6 @@ def timeline(output) -> "list[dict]":
         return []
     names = lines[0].split("\t")
     return [dict(zip(names, line.split("\t"))) for line in lines[1:]]
-
-
-def job_processes(output) -> "list[int]":
-    """Processes whose command line names `output` (the job's ranks), other than ours."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if str(output).encode() in cmdline and b"mxnet_pfc.train" in cmdline:
-                found.append(int(entry))
-    return found
 
 
 def test_parse_hosts_reads_horovods_format():
@@ -82,7 +69,7 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
     assert trained[0] == (8, 1) and trained[-1] == (48 * 8, 2), trained
     assert [w for s, w in trained if s <= grown_from * 8] == [1] * grown_from, trained
     assert "summary" in records[-1], records[-1]           # the run ended with its export
-    assert job_processes(output) == []
+    assert trainer_processes(output) == []
 
 
 def test_a_broken_discovery_script_is_named(tmp_path):
