@@ -212,6 +212,18 @@ def without_option(args: "list[str]", name: str) -> "list[str]":
     return out
 
 
+def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
+    """The user's horovodrun options for a launch on `hosts`. When every host is this one (the others
+    were lost), --network-interface(s) is left out: horovodrun 0.28 then accepts only the loopback
+    interface ("No interface is found for address 127.0.0.1"), and local ranks talk over it anyway."""
+    options = shlex.split(horovodrun_args)
+    from horovod.runner.util.network import filter_local_addresses     # horovodrun's own test of "local"
+    if not filter_local_addresses(hosts):
+        for name in ("--network-interface", "--network-interfaces"):
+            options = without_option(options, name)
+    return options
+
+
 def job_failure(output: str, ranks: int) -> "str | None":
     """A failure of the run's own (a failure record that is not a signal), or None: a lost rank."""
     from . import stops           # the trainer's record format; imported late (stops imports MXNet)
@@ -284,7 +296,8 @@ class Supervisor:
         np_ = sum(n for _, n in assigned)
         spec = ",".join(f"{h}:{n}" for h, n in assigned)
         return [self.args.horovodrun, "--gloo", "-np", str(np_), "-H", spec,
-                *shlex.split(self.args.horovodrun_args), "bash", str(REPO / "config.sh"), "--", *args]
+                *launcher_options(self.args.horovodrun_args, [h for h, _ in assigned]),
+                "bash", str(REPO / "config.sh"), "--", *args]
 
     def run(self) -> int:
         resume = option_value(self.trainer_args, "--resume") is not None

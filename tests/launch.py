@@ -138,6 +138,19 @@ def trainer_pid(output, rank: int) -> "int | None":
     return None
 
 
+ELASTIC = [sys.executable, "-m", "mxnet_pfc.elastic"]
+
+
+def elastic_timeline(output) -> "list[dict]":
+    """The elastic supervisor's timeline as records ([] before its first line)."""
+    try:
+        lines = open(output / "elastic-timeline.tsv").read().splitlines()
+    except FileNotFoundError:
+        return []
+    names = lines[0].split("\t")
+    return [dict(zip(names, line.split("\t"))) for line in lines[1:]]
+
+
 def last_logged_step(output) -> int:
     """The newest step in rank 0's metrics.jsonl (0 before the first)."""
     try:

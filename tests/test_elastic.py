@@ -1,28 +1,14 @@
 """The elastic supervisor (python -m mxnet_pfc.elastic): relaunch after a lost rank, grow when slots
-appear, limits, and Ctrl-C; on this host's ranks (a link cut between two hosts is not tested yet)."""
+appear, limits, and Ctrl-C, on this host's ranks (test_two_hosts cuts the link between two hosts under it)."""
 import json
 import os
 import signal
-import sys
 
 import pytest
 
-from launch import finish_command, last_logged_step, start_command, tiny_synthetic_run, trainer_pid, \
-    trainer_processes, wait_until
+from launch import ELASTIC, elastic_timeline as timeline, finish_command, last_logged_step, start_command, \
+    tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
 from mxnet_pfc import elastic
-
-ELASTIC = [sys.executable, "-m", "mxnet_pfc.elastic"]
-
-
-def timeline(output) -> "list[dict]":
-    """The supervisor's timeline as records ([] before its first line)."""
-    try:
-        lines = open(output / "elastic-timeline.tsv").read().splitlines()
-    except FileNotFoundError:
-        return []
-    names = lines[0].split("\t")
-    return [dict(zip(names, line.split("\t"))) for line in lines[1:]]
-
 
 def test_parse_hosts_reads_horovods_format():
     hosts = elastic.parse_hosts("a:2\nb\n# a comment\n\nc:0\na:3\n", default_slots=4)

@@ -2,15 +2,18 @@
 
 The link is cut mid-run: both ranks must stop within the Gloo timeout, saying
 why; after mending it, --resume must finish the run with the loss curve of the
-uninterrupted single-host reference run.
+uninterrupted single-host reference run. Under the elastic supervisor, the
+same cut needs no person: the job is relaunched on host A alone and grows
+back onto B when B is reachable again.
 """
+import json
 import time
 
 import numpy as np
 import pytest
 
-from launch import (HOROVODRUN, REFERENCE_RUN, finish_command, last_logged_step, losses, run_command, start_command,
-                    tiny_synthetic_run, wait_until)
+from launch import (ELASTIC, HOROVODRUN, REFERENCE_RUN, elastic_timeline, finish_command, last_logged_step, losses,
+                    run_command, start_command, tiny_synthetic_run, trainer_processes, wait_until)
 from mxnet_pfc import checkpoint
 from two_hosts import HOST_A, HOST_B, INTERFACE, TwoHosts, unavailable_reason
 
@@ -67,3 +70,84 @@ def test_cut_link_ends_the_job_in_bounded_time_and_resume_continues(hosts, refer
     expected, got = losses(uninterrupted), losses(output)
     assert sorted(got) == list(range(1, 31))
     np.testing.assert_allclose([got[s] for s in range(1, 31)], [expected[s] for s in range(1, 31)], rtol=1e-5)
+
+
+def trained_records(output) -> "list[dict]":
+    """Rank 0's metrics records of trained steps (samples, world_size, time, ...); [] before the first."""
+    try:
+        lines = open(output / "metrics.jsonl").read().splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:          # the last line, half-written
+            break
+    return [r for r in records if "loss" in r]
+
+
+def test_elastic_supervisor_outlives_a_cut_link_and_grows_back(hosts, reference, tmp_path):
+    """2 ranks on A and B -> the link is cut -> the job ends within the Gloo timeout and the supervisor
+    relaunches on A alone from the last checkpoint -> the link is mended, the discovery script reaches B
+    again -> the job stops at its next checkpoint and grows back onto both hosts -> it finishes. Every
+    sample of the run is trained once after the last checkpoint before the cut, and the model verifies
+    within fold noise of the uninterrupted run's."""
+    data, uninterrupted = reference
+    output = tmp_path / "run"
+    # The user's discovery script: A, and B when ssh reaches it (on the supervisor's host, A).
+    discovery = tmp_path / "hosts.sh"
+    discovery.write_text(f"#!/bin/sh\necho {HOST_A}:1\n"
+                         f"timeout 5 {' '.join(map(str, hosts.ssh_command()))} -o ConnectTimeout=2 {HOST_B} true "
+                         f"&& echo {HOST_B}:1\nexit 0\n")
+    discovery.chmod(0o755)
+    horovodrun_args = (f"--network-interface {INTERFACE} --ssh-identity-file {hosts.key} "
+                       f"--gloo-timeout-seconds {GLOO_TIMEOUT_S}")
+    per_rank = 8
+    proc = start_command(hosts.on_a(ELASTIC + [
+        "--host-discovery-script", discovery, "--max-restarts", 2, "--discovery-interval", 1,
+        "--horovodrun-args", horovodrun_args, "--"] + tiny_synthetic_run(
+            data, output, "--max_update", 40, "--save_interval", 4, "--keep_checkpoints", 3, "--frequent", 1,
+            "--verbose", 1000, "--sample_rate", 0.5, "--dropout", 0.2)))
+    wait_until(lambda: last_logged_step(output) >= 10, 240, "step 10 on two hosts", interval=0.05, proc=proc)
+    assert trainers_on(hosts, hosts.ns_b), "rank 1 is not running on host B"
+    cut_at = time.time()
+    hosts.cut()
+
+    def trained_after(since, world):
+        return [r for r in trained_records(output) if r["time"] > since and r["world_size"] == world]
+
+    first_alone = wait_until(lambda: len(trained_after(cut_at, 1)) >= 2 and trained_after(cut_at, 1), 120,
+                             "training on host A alone", proc=proc)[0]
+    mended_at = time.time()
+    hosts.mend()
+    first_grown = wait_until(lambda: trained_after(mended_at, 2), 180, "training on both hosts again", proc=proc)[0]
+    out = finish_command(proc, timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    print(f"cut -> training on A alone: {first_alone['time'] - cut_at:.1f} s; "
+          f"mended -> training on A and B: {first_grown['time'] - mended_at:.1f} s")
+
+    events = elastic_timeline(output)
+    both, alone = f"{HOST_A}:1,{HOST_B}:1", f"{HOST_A}:1"
+    assert [(e["event"].split(" (")[0].split(":")[0], e["hosts"]) for e in events if e["event"].startswith("launch")] == \
+        [("launch", both), ("launch", alone), ("launch", both)], events
+    restart = next(e for e in events if e["event"].startswith("launch (restart 1/2"))
+    assert "--resume latest" in restart["event"] and restart["ranks"] == "1", events
+    assert events[-1]["event"] == "finished", events
+    # The job ended within the Gloo timeout (the timeline's clock has whole seconds), and A trained again.
+    relaunched_at = time.mktime(time.strptime(restart["time"], "%Y-%m-%d %H:%M:%S"))
+    assert relaunched_at - cut_at < GLOO_TIMEOUT_S + 20, relaunched_at - cut_at
+    assert first_alone["time"] - cut_at < GLOO_TIMEOUT_S + 60, first_alone["time"] - cut_at
+    # Host A resumed at the newest checkpoint before the cut (its step counted in 2-rank batches).
+    assert first_alone["samples"] == int(restart["step"]) * 2 * per_rank + per_rank, (first_alone, restart)
+    # Every global batch once and in order, to the run's 40 x 16 samples: none lost, none twice.
+    trained = [(r["samples"], r["world_size"]) for r in trained_records(output)]
+    assert [b - a for (a, _), (b, w) in zip(trained, trained[1:])] == [per_rank * w for _, w in trained[1:]], trained
+    assert trained[0] == (16, 2) and trained[-1] == (40 * 16, 2), trained
+    phases = [w for k, (_, w) in enumerate(trained) if k == 0 or trained[k - 1][1] != w]
+    assert phases == [2, 1, 2], trained
+    # The model verifies as the uninterrupted run's within the spread over folds.
+    got = json.load(open(output / "model-verification.json"))["val"]
+    expected = json.load(open(uninterrupted / "model-verification.json"))["val"]
+    assert abs(got["accuracy"] - expected["accuracy"]) <= 2 * max(got["std"], expected["std"]), (got, expected)
+    assert trainer_processes(output) == [] and not trainers_on(hosts, hosts.ns_b)
