@@ -123,18 +123,25 @@ def choose_context(kind: str, local_rank: int, gpus: "list | None" = None):
         if gpus:
             seen = (f" (nvidia-smi lists {', '.join(name for name, _ in gpus)}; this MXNet is "
                     f"{'a CUDA build' if _mxnet_has_cuda() else 'the CPU wheel'})")
+        hint = ""
+        if gpus and unsupported_gpus(gpus):
+            hint = f": the MXNet 1.9.1 CUDA wheels have no kernels for compute capability above {_MAX}; {WHAT_TO_DO}"
+        elif gpus:
+            hint = ": install the CUDA wheel (make setup on this machine, or MXNET_PACKAGE=mxnet-cu112==1.9.1)"
         if kind == "gpu":
-            hint = ""
-            if gpus and unsupported_gpus(gpus):
-                hint = f": the MXNet 1.9.1 CUDA wheels have no kernels for compute capability above {_MAX}; {WHAT_TO_DO}"
-            elif gpus:
-                hint = ": install the CUDA wheel (make setup on this machine, or MXNET_PACKAGE=mxnet-cu112==1.9.1)"
             raise ConfigError(f"context = gpu, but MXNet sees no GPU{seen}{hint}")
         if gpus:
-            log.warning(f"training on the CPU: MXNet sees no GPU{seen}")
+            log.warning(f"running on the CPU: MXNet sees no GPU{seen}{hint}")
         return mx.cpu()
     check_compute_capability(gpus)
     return mx.gpu(local_rank % count)
+
+
+def add_context_option(parser) -> None:
+    """--context of the commands that run a saved model (verify, embed, ijb); see choose_context."""
+    parser.add_argument("--context", choices=["auto", "cpu", "gpu"], default="auto",
+                        help="where to run the model: auto takes the first GPU MXNet sees, else the CPU; "
+                             "gpu stops with the reason when there is none (default: %(default)s)")
 
 
 def check_horovod_gpu(ctx, distributed: bool, horovod_build: "tuple[bool, int] | None" = None) -> None:

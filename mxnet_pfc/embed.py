@@ -19,12 +19,12 @@ import json
 import os
 import sys
 
-import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
 from .data.faces import ImageError, WrongSize, decode_face, read_file
 from .data.pack import IMAGE_SUFFIXES, list_identities
+from .device import add_context_option, choose_context
 from .errors import PfcError
 from .eval.verification import embed_pairs
 from .inference import Embedder, load_model
@@ -93,15 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="embeddings.npy", help="where the embeddings go (default %(default)s)")
     parser.add_argument("--pair", nargs=2, metavar=("A", "B"), help="compare two faces")
     parser.add_argument("--threshold", type=float, default=None,
-                        help="cosine similarity above which a pair is the same person")
-    parser.add_argument("--gallery", default="", help="folder of identity sub-folders")
+                        help="cosine similarity above which a pair is the same person (default: the cosine threshold of the "
+                             "model's training verification, model-verification.json)")
+    parser.add_argument("--gallery", default="", help="folder of identity sub-folders, each an identity (with --probe)")
     parser.add_argument("--probe", default="", help="the face to look up in the gallery")
     parser.add_argument("-k", "--top-k", type=int, default=5,
                         help="gallery matches listed per probe, best first (default: %(default)s)")
-    parser.add_argument("--resize", action="store_true", help="resize faces that are not 112x112")
+    parser.add_argument("--resize", action="store_true", help="resize faces that are not 112x112 (default: refuse them, naming the file)")
     parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default: %(default)s)")
-    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu",
-                        help="where to run the model; gpu: the first GPU (default: %(default)s)")
+    add_context_option(parser)
     return parser
 
 
@@ -115,7 +115,7 @@ def run(args) -> None:
     if args.pair and threshold is None:
         threshold = default_threshold(args.model)
     symbol, arg_params, aux_params, source = load_model(args.model)
-    embedder = Embedder(symbol, mx.gpu(0) if args.context == "gpu" else mx.cpu(), args.batch_size)
+    embedder = Embedder(symbol, choose_context(args.context, 0), args.batch_size)
     embedder.set_params(arg_params, aux_params)
     if args.pair:
         a, b = embed_files(embedder, list(args.pair), args.resize)

@@ -20,6 +20,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
+from .device import add_context_option, choose_context
 from .errors import PfcError
 from .eval import ijb_data, ijb_metrics, plots
 from .eval.verification import embed_with_mirror
@@ -45,8 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-score-weight", action="store_true",
                         help="do not weight each image's feature by its detector (faceness) score; "
                              "by default it is weighted, as in InsightFace's published figures")
-    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu",
-                        help="where to run the model; gpu: the first GPU (default: %(default)s)")
+    add_context_option(parser)
     return parser
 
 
@@ -172,7 +172,7 @@ def headline(report: dict) -> "dict[str, float]":
 
 def evaluate(args) -> dict:
     symbol, arg_params, aux_params, source = load_model(args.model)
-    ctx = mx.gpu(0) if args.context == "gpu" else mx.cpu()
+    ctx = choose_context(args.context, 0)
     ijb = IJBSet(args.root, args.target, symbol, ctx, args.batch_size, score_weight=not args.no_score_weight)
     print(f"{source}: {ijb.describe()}", file=sys.stderr)
     found, curves = ijb.evaluate(arg_params, aux_params)

@@ -147,14 +147,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--classes", type=float, default=10e6, help="identities in all (default 1e7; 10e6 is accepted)")
     p.add_argument("--world", type=int, default=8, help="ranks (GPUs) in all (default 8)")
     p.add_argument("--embedding", type=int, default=512, help="embedding size (default 512)")
-    p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers per step")
+    p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers sampled per step (default 0.1)")
     p.add_argument("--batch", type=int, default=128, help="images per rank per step, or per micro-batch (default 128)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per step (the trainer's --grad_accum); above 1 the head holds summed "
                         "gradients, about one more copy of the centers (default 1)")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32",
-                   help="storage of centers and momentum (the trainer stores float32; float16 is what-if)")
-    p.add_argument("--device-memory", type=float, help="GiB per device; with it, what fits is worked out")
+                   help="storage of centers and momentum (default float32, as the trainer stores them; "
+                        "float16 is a what-if)")
+    p.add_argument("--device-memory", type=float,
+                   help="GiB per device; with it, what fits is worked out (default: not given, no fit)")
     p.add_argument("--reserve", type=float, default=0.0,
                    help="GiB per device taken by the backbone, activations and framework (default 0)")
     p.add_argument("--published", action="store_true", help="print the published Partial FC settings instead")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-import mxnet as mx
 
+from .device import add_context_option, choose_context
 from .errors import PfcError
 from .eval.verification import Verifier
 from .files import write_json
@@ -24,9 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("bins", nargs="+", help="verification .bin files")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="images per forward pass; each is embedded with its mirror (default: %(default)s)")
-    parser.add_argument("--context", choices=["cpu", "gpu"], default="cpu",
-                        help="where to run the model; gpu: the first GPU (default: %(default)s)")
-    parser.add_argument("--json", default="", help="also write the results to this JSON file")
+    add_context_option(parser)
+    parser.add_argument("--json", default="", help="also write the results to this JSON file (default: print only)")
     return parser
 
 
@@ -34,7 +33,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         symbol, arg_params, aux_params, source = load_model(args.model)
-        ctx = mx.gpu(0) if args.context == "gpu" else mx.cpu()
+        ctx = choose_context(args.context, 0)
         print(f"{source}: loading {len(args.bins)} set(s)", file=sys.stderr)
         verifier = Verifier(args.bins, symbol, ctx, args.batch_size)
         results = verifier.evaluate(arg_params, aux_params, progress=True)

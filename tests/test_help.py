@@ -28,7 +28,16 @@ def test_every_option_says_what_it_is(command, monkeypatch):
         module.main(["--help"])
     actions = [a for a in seen["parser"]._actions if not isinstance(a, argparse._HelpAction)]
     assert actions
+    missing = []
     for action in actions:
         text = (action.help or "").replace("%(default)s", "").strip()
         words = [w for w in text.split() if w.strip("().,:;") not in ("default", "")]
-        assert len(words) >= 3, f"{command} {'/'.join(action.option_strings) or action.dest}: help {action.help!r}"
+        name = f"{command} {'/'.join(action.option_strings) or action.dest}"
+        if len(words) < 3:
+            missing.append(f"{name}: help {action.help!r} is not a phrase")
+        # an option that has a value when not given says which ('' stands for "none")
+        given_default = action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS) \
+            and not isinstance(action, argparse._StoreTrueAction)
+        if given_default and "default" not in (action.help or "").lower():
+            missing.append(f"{name}: help {action.help!r} does not say its default {action.default!r}")
+    assert not missing, "\n".join(missing)

@@ -144,33 +144,43 @@ def test_template_features_equal_a_loop():
         np.testing.assert_allclose(got[row], total / np.linalg.norm(total))
 
 
+def brute_top_k(similarity, probes, gallery, k):
+    """Share of mated probes whose mate is among the k best-scoring gallery entries (ties against the mate)."""
+    mated = [i for i in range(len(probes)) if probes[i] in gallery]
+    hits = 0
+    for i in mated:
+        mate = similarity[i][gallery == probes[i]].max()
+        hits += sum(similarity[i][j] >= mate for j in range(len(gallery)) if gallery[j] != probes[i]) < k
+    return hits / len(mated)
+
+
+def brute_tpir(similarity, probes, gallery, fpir):
+    """(TPIR, threshold): the lowest threshold that at most fpir of the non-mated probes' best scores exceed;
+    the share of mated probes whose best match is their mate and above it."""
+    non_mated_tops = [similarity[i].max() for i in range(len(probes)) if probes[i] not in gallery]
+    for best in sorted(set(non_mated_tops) | {-np.inf}):     # lowest threshold first
+        if np.mean([s > best for s in non_mated_tops]) <= fpir:
+            break
+    mated = [i for i in range(len(probes)) if probes[i] in gallery]
+    hits = 0
+    for i in mated:
+        mate = similarity[i][gallery == probes[i]].max()
+        top_is_mate = all(similarity[i][j] < mate for j in range(len(gallery)) if gallery[j] != probes[i])
+        hits += top_is_mate and mate > best
+    return hits / len(mated), best
+
+
 def test_cmc_and_tpir_equal_loops():
     rng = np.random.default_rng(4)
     gallery = np.arange(30)
     probes = rng.integers(0, 45, 400)                          # subjects 30.. are not enrolled
     similarity = np.round(rng.normal(size=(400, 30)) + (probes[:, None] == gallery) * 2.0, 1)
     cmc = ijb_metrics.cmc(similarity, probes, gallery, ranks=(1, 5, 10))
-    mated = [i for i in range(400) if probes[i] in gallery]
     for k in (1, 5, 10):
-        hits = 0
-        for i in mated:
-            mate = similarity[i][gallery == probes[i]].max()
-            hits += sum(similarity[i][j] >= mate for j in range(30) if gallery[j] != probes[i]) < k
-        assert cmc[k] == hits / len(mated)
-    non_mated_tops = [similarity[i].max() for i in range(400) if probes[i] not in gallery]
+        assert cmc[k] == brute_top_k(similarity, probes, gallery, k)
     for fpir in (0.01, 0.1, 0.3):
-        best = None
-        for t in sorted(set(non_mated_tops) | {-np.inf}):     # lowest threshold first
-            if np.mean([s > t for s in non_mated_tops]) <= fpir:
-                best = t
-                break
-        hits = 0
-        for i in mated:
-            mate = similarity[i][gallery == probes[i]].max()
-            top_is_mate = all(similarity[i][j] < mate for j in range(30) if gallery[j] != probes[i])
-            hits += top_is_mate and mate > best
         tpir, achieved, threshold = ijb_metrics.tpir_at_fpir(similarity, probes, gallery, fpir)
-        assert (tpir, threshold) == (hits / len(mated), best) and achieved <= fpir
+        assert (tpir, threshold) == brute_tpir(similarity, probes, gallery, fpir) and achieved <= fpir
 
 
 # --- the command ---------------------------------------------------------------------------------------
@@ -195,9 +205,79 @@ def test_an_informative_model_beats_a_collapsed_one(ijb_set, tmp_path, capsys):
     assert good["identification"]["mean"]["fpir"]["0.1"]["tpir"] > bad["identification"]["mean"]["fpir"]["0.1"]["tpir"]
     for name in ("ijb-ijbc-roc.png", "ijb-ijbc-cmc.png"):
         assert os.path.getsize(tmp_path / "good" / name) > 1000
-    code, unweighted = run(root, colour_grid_model(tmp_path / "grid"), tmp_path / "plain", "--no-score-weight")
-    assert code == 0 and unweighted["mode"] == "flip-sum, unweighted"
     print(json.dumps({"weighted": good["verification"], "identification": good["identification"]}, indent=1))
+
+
+def grid_features(face):
+    """What colour_grid_model computes, in float64: 16x16 block means of the centred face, C x 7 x 7 order."""
+    blocks = (face.astype(np.float64) - 127.5).reshape(7, 16, 7, 16, 3).mean(axis=(1, 3))
+    return blocks.transpose(2, 0, 1).ravel()
+
+
+def lines_of(path):
+    return [line.split() for line in open(path).read().splitlines() if line.strip()]
+
+
+def brute_force_report(root, prefix, weighted):
+    """The IJB protocol written out by hand from the meta files: {far: TAR} and {gallery: (top-k, TPIR)}."""
+    meta = root / "meta"
+    landmarks = {row[0]: (np.array(row[1:11], float).reshape(5, 2), float(row[11]))
+                 for row in lines_of(meta / f"{prefix}_name_5pts_score.txt")}
+    media_features = {}
+    for name, template, media in lines_of(meta / f"{prefix}_face_tid_mid.txt"):
+        points, score = landmarks[name]
+        face = align.align(cv2.imread(str(root / "loose_crop" / name))[:, :, ::-1], points)
+        feature = (grid_features(face) + grid_features(face[:, ::-1])) * (score if weighted else 1.0)
+        media_features.setdefault(int(template), {}).setdefault(int(media), []).append(feature)
+    template_feature = {}
+    for template, medias in media_features.items():
+        total = sum(np.mean(features, axis=0) for features in medias.values())
+        template_feature[template] = total / np.linalg.norm(total)
+    pairs = [tuple(map(int, row)) for row in lines_of(meta / f"{prefix}_template_pair_label.txt")]
+    labels = np.array([label for _, _, label in pairs])
+    scores = np.array([template_feature[a] @ template_feature[b] for a, b, _ in pairs])
+    roc = brute_roc(labels, scores)
+    tars = {far: max(tar for f, tar in roc if f <= far) for far in ijb_metrics.FARS}
+
+    def enrolled(csv):
+        rows = {int(r.split(",")[0]): int(r.split(",")[1]) for r in open(csv).read().splitlines()[1:] if r}
+        return list(rows), np.array(list(rows.values()))
+
+    probe_templates, probe_subjects = enrolled(meta / f"{prefix}_1N_probe_mixed.csv")
+    one_to_n = {}
+    for gallery in ("G1", "G2") if prefix == "ijbc" else ("S1", "S2"):
+        gallery_templates, gallery_subjects = enrolled(meta / f"{prefix}_1N_gallery_{gallery}.csv")
+        similarity = np.array([[template_feature[p] @ template_feature[g] for g in gallery_templates]
+                               for p in probe_templates])
+        one_to_n[gallery] = ({k: brute_top_k(similarity, probe_subjects, gallery_subjects, k) for k in (1, 5, 10)},
+                             {f: brute_tpir(similarity, probe_subjects, gallery_subjects, f)[0] for f in (0.01, 0.1)})
+    return tars, one_to_n
+
+
+@pytest.mark.parametrize("target, weighting", [("IJBC", []), ("IJBB", ["--no-score-weight"])])
+def test_the_commands_figures_equal_a_count_by_hand(ijb_set, tmp_path, target, weighting):
+    """The command end to end on a generated set (IJB-C layout weighted by detector score, IJB-B unweighted):
+    every TAR@FAR and 1:N figure equals the protocol computed by hand from the meta files and images."""
+    if target == "IJBC":
+        root = ijb_set[0]
+    else:
+        root = tmp_path / "IJBB"
+        write_ijb(str(root), "IJBB", subjects=12, templates_per_subject=3, seed=1)
+    prefix = target.lower()
+    code = ijb.main([colour_grid_model(tmp_path / "grid"), "--root", str(root), "--target", target,
+                     "--output", str(tmp_path / "out"), "--batch-size", "32", *weighting])
+    assert code == 0
+    report = json.load(open(tmp_path / "out" / f"ijb-{prefix}.json"))
+    assert report["mode"] == "flip-sum, " + ("unweighted" if weighting else "detector-score weighted")
+    tars, one_to_n = brute_force_report(root, prefix, weighted=not weighting)
+    for far, tar in tars.items():
+        assert report["verification"]["far"][f"{far:g}"]["tar"] == pytest.approx(tar, abs=1e-12), far
+    assert set(report["identification"]) == {*one_to_n, "mean"}
+    for gallery, (tops, tpirs) in one_to_n.items():
+        got = report["identification"][gallery]
+        assert [got[f"top{k}"] for k in (1, 5, 10)] == pytest.approx([tops[k] for k in (1, 5, 10)], abs=1e-12)
+        assert [got["fpir"][f"{f:g}"]["tpir"] for f in (0.01, 0.1)] == pytest.approx([tpirs[0.01], tpirs[0.1]],
+                                                                                      abs=1e-12)
 
 
 # --- bad input ---------------------------------------------------------------------------------------------
@@ -230,7 +310,8 @@ def test_missing_meta_file(broken, tmp_path, capsys):
 def test_image_listed_but_absent(broken, tmp_path, capsys):
     os.remove(broken / "loose_crop" / "7.jpg")
     err = failure(broken, tmp_path, capsys)
-    assert "loose_crop/7.jpg" in err and "ijbc_name_5pts_score.txt:7" in err
+    assert "loose_crop/7.jpg (listed at " in err and "ijbc_name_5pts_score.txt:7): no such file" in err
+    assert "IJB images" not in err          # found while reading the lists, before any image is embedded
 
 
 def test_malformed_line(broken, tmp_path, capsys):

@@ -95,8 +95,20 @@ def read_faces(root: str, target: str) -> Faces:
         raise IjbDataError(f"{pts_path}: lists {len(landmarks)} images, {tid_path} lists {len(names)}")
     if not names:
         raise IjbDataError(f"{tid_path}: lists no images")
+    _check_images_exist(os.path.join(root, "loose_crop"), names, where)
     return Faces(names, np.array(templates, dtype=np.int64), np.array(medias, dtype=np.int64),
                  np.array(landmarks).reshape(-1, 5, 2), np.array(scores), where)
+
+
+def _check_images_exist(folder: str, names: "list[str]", where: "list[str]") -> None:
+    """Every listed image is a file, checked before any is embedded (one listing of the folder)."""
+    try:
+        present = set(os.listdir(folder))
+    except OSError as error:
+        raise IjbDataError(f"{folder}: the images' folder cannot be read ({error.strerror})") from None
+    for name, listed in zip(names, where):
+        if name not in present and not os.path.isfile(os.path.join(folder, name)):     # names may hold a sub-folder
+            raise IjbDataError(f"{os.path.join(folder, name)} (listed at {listed}): no such file")
 
 
 def read_pairs(root: str, target: str, known_templates) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
