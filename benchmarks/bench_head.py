@@ -15,7 +15,6 @@ memory per rank.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from tqdm import tqdm
 
 from mxnet_pfc import CombinedMarginLoss, PartialFC, comm, margin
 from mxnet_pfc.plan import head_memory
-from timing import synced
+from timing import append_json, synced
 
 nd = mx.nd
 
@@ -117,8 +116,7 @@ def main(argv=None):
           f"ratio {result['ratio']}), {result['samples_per_s']} samples/s "
           f"({result['samples_per_s_per_rank']} per rank)", flush=True)
     if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(result) + "\n")
+        append_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ most 1.1), the cost of a timed step, and what one timed step per window of
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from mxnet_pfc import comm
 from mxnet_pfc import config as config_lib
 from mxnet_pfc import train
 from mxnet_pfc.module import PHASES
-from timing import synced
+from timing import append_json, synced
 
 nd = mx.nd
 PARTS = ("step", "timed", "backbone", "head")
@@ -139,8 +138,7 @@ def main(argv=None):
     print(f"[bench_train] a timed step costs {timed_cost:+.1%}; one per {args.frequent} steps: "
           f"{result['timing_cost_per_window']:+.2%} of training; phases of the timed step: {shares}", flush=True)
     if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(result) + "\n")
+        append_json(args.json, result)
 
 
 if __name__ == "__main__":

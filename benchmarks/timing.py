@@ -1,6 +1,7 @@
 """Timing shared by the benchmark scripts: every rank starts a timed piece of work together."""
 from __future__ import annotations
 
+import json
 import time
 
 import mxnet as mx
@@ -16,3 +17,9 @@ def synced(fn) -> float:
     fn()
     mx.nd.waitall()
     return time.perf_counter() - start
+
+
+def append_json(path: str, record: dict) -> None:
+    """One JSON line more in `path` (the benchmarks' --json results; make bench collects them)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")

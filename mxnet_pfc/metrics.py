@@ -87,6 +87,18 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def progress_line(done: int, max_update: int, grad_accum: int, epoch: int, loss: float, lr: float,
+                  figures: dict) -> str:
+    """The log line of a window (figures: Throughput.close_window's): where the run is, how fast, where
+    a step's time goes."""
+    shares = " ".join(f"{name} {share:.0%}" for name, share in figures["phases"].items() if name != "data")
+    micro = f" ({grad_accum} micro-batches each)" if grad_accum > 1 else ""
+    return (f"step {done}/{max_update}{micro} epoch {epoch} loss {loss:.4f} lr {lr:.5f} | "
+            f"{figures['samples_per_sec_per_rank']:.1f} samples/s per rank, {figures['samples_per_sec']:.1f} total | "
+            f"data wait {figures['data_wait_fraction']:.0%}{' | ' + shares if shares else ''} | "
+            f"eta {format_duration(figures['eta_seconds'])}")
+
+
 class Throughput:
     """Counts one window of steps (from one log line to the next) on one rank."""
 

@@ -5,7 +5,9 @@ Ctrl-C and when one rank has failed, so a rank cannot tell the two apart from
 the signal. What it can see:
 - failure records: a rank that stops on an error of its own writes
   OUTPUT/logs/failed-rankR.txt (its message) before it exits; the other ranks
-  read them (the output folder is shared, as checkpoints require);
+  read them (the output folder is shared, as checkpoints require). A rank
+  stopped by a signal or by losing the others records that too, so its exit
+  is explained, though it is no failure of its own;
 - the processes of the other ranks on its own host (their pids are exchanged at
   start-up): a rank killed without a word (SIGKILL, the out-of-memory killer, a
   crash) is a process that is gone.
@@ -96,6 +98,8 @@ def crash_summary(path: str) -> "str | None":
 
 
 SIGNALLED = "signal: "       # the record of a rank stopped by a signal, not by a failure of its own
+LOST_CONTACT = "lost contact: "   # the record of a rank that stopped because it lost the others (a cut link
+                                  # ends every rank so): it ended with a word, and the failure is not its own
 
 
 def _record_path(logs_folder: str, rank: "int | str") -> str:
@@ -133,9 +137,9 @@ def read_records(logs_folder: str, ranks) -> "dict[int, str]":
 
 def first_failure(records: "dict[int, str]") -> "str | None":
     """'rank R failed: MESSAGE' for the lowest rank whose record is a failure of its own (not a
-    signal; an empty record, cut off while written, says nothing), or None."""
+    signal or a lost contact; an empty record, cut off while written, says nothing), or None."""
     failures = sorted((rank, message) for rank, message in records.items()
-                      if message and not message.startswith(SIGNALLED))
+                      if message and not message.startswith((SIGNALLED, LOST_CONTACT)))
     if not failures:
         return None
     rank, message = failures[0]
@@ -236,6 +240,7 @@ def stop_on_error(error: Exception) -> int:
     if lost:
         contact = str(error) if isinstance(error, comm.LostRankError) else comm.lost_peer_message()
         cause = other_rank_cause()
+        record_failure(LOST_CONTACT + contact)      # so that no rank takes this one's exit for a silent death
         error = comm.LostRankError(f"{cause} ({contact})" if cause else contact)
     elif not isinstance(error, comm.RankFailedError):
         record_failure(f"{type(error).__name__}: {error}")     # for the ranks the launcher ends next

@@ -30,15 +30,13 @@ from . import config as config_lib
 from . import resume as resume_lib
 from .data import folders, synthetic
 from .data.iterators import DummyIter, FolderIter, RecordIter, steps_in_epoch
-from .eval.verification import Verifier
+from .eval.during_training import TrainingEvaluation
 from .export import export_model
 from .files import write_json
-from .ijb import IJBSet
-from .ijb import headline as ijb_headline
 from .inference import float32_params, inference_symbol
 from .lr_schedule import LRSchedule
 from .margin import CombinedMarginLoss
-from .metrics import MetricsLog, Throughput, format_duration
+from .metrics import MetricsLog, Throughput, format_duration, progress_line
 from .module import PartialFCModule
 from .partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 from .run_plan import RunPlan, global_batch, make_plan, resolve_config
@@ -53,8 +51,7 @@ class Setup:
     ctx: mx.Context
     data: "RecordIter | FolderIter | DummyIter"
     symbol: mx.sym.Symbol
-    verifier: "Verifier | None"     # rank 0's, when there are verification sets
-    ijb_sets: tuple                 # rank 0's IJB-layout sets (ijb.IJBSet), when asked for
+    evaluation: "TrainingEvaluation | None"     # rank 0's verification and IJB sets
     plan: RunPlan
     schedule: LRSchedule
     resume: "resume_lib.Resume | None"
@@ -90,22 +87,13 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
               if cfg.resume else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
-    verifier, ijb_sets = None, ()
-    eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
-    if rank == 0 and cfg.val_targets:
-        verifier = Verifier(cfg.val_targets, eval_symbol, ctx, cfg.val_batch_size, cfg.image_size)
-    if rank == 0 and cfg.ijb_targets:
-        ijb_sets = tuple(IJBSet(*ijb_target(entry), eval_symbol, ctx, cfg.val_batch_size) for entry in cfg.ijb_targets)
-        for ijb_set in ijb_sets:
-            log.info(f"IJB set {ijb_set.describe()}")
+    evaluation = None
+    if rank == 0:
+        eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
+        evaluation = TrainingEvaluation(cfg.val_targets, cfg.ijb_targets, eval_symbol, ctx, cfg.val_batch_size,
+                                        cfg.image_size)
     data.seek(resume.step if resume else 0)
-    return Setup(cfg, ctx, data, symbol, verifier, ijb_sets, plan, schedule, resume)
-
-
-def ijb_target(entry: str) -> "tuple[str, str]":
-    """(root, target) of an --ijb_targets entry: ROOT (IJB-C) or ROOT:IJBB / ROOT:IJBC."""
-    root, _, target = entry.rpartition(":") if entry.upper().endswith((":IJBB", ":IJBC")) else (entry, "", "IJBC")
-    return root, target.upper()
+    return Setup(cfg, ctx, data, symbol, evaluation, plan, schedule, resume)
 
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
@@ -267,50 +255,21 @@ class Trainer:
         """Rank 0: the progress line and its metrics record."""
         if self.rank != 0:
             return
-        per_rank, total, phases = figures["samples_per_sec_per_rank"], figures["samples_per_sec"], figures["phases"]
-        shares = " ".join(f"{name} {share:.0%}" for name, share in phases.items() if name != "data")
-        micro = f" ({self.cfg.grad_accum} micro-batches each)" if self.cfg.grad_accum > 1 else ""
-        log.info(f"step {done}/{self.plan.max_update}{micro} epoch {epoch} loss {loss:.4f} lr {lr:.5f} | "
-                 f"{per_rank:.1f} samples/s per rank, {total:.1f} total | "
-                 f"data wait {figures['data_wait_fraction']:.0%}{' | ' + shares if shares else ''} | "
-                 f"eta {format_duration(figures['eta_seconds'])}")
+        log.info(progress_line(done, self.plan.max_update, self.cfg.grad_accum, epoch, loss, lr, figures))
         self.metrics.write(done, epoch=epoch, loss=loss, lr=lr, world_size=self.world,
-                           samples_per_sec_per_rank=per_rank, samples_per_sec=total,
+                           samples_per_sec_per_rank=figures["samples_per_sec_per_rank"],
+                           samples_per_sec=figures["samples_per_sec"],
                            data_wait_fraction=figures["data_wait_fraction"],
-                           **{f"phase/{name}": share for name, share in phases.items()})
+                           **{f"phase/{name}": share for name, share in figures["phases"].items()})
 
     def verify(self, step: int, params=None) -> dict:
         """Rank 0: the verification report of `params` (default: rank 0's current backbone).
 
         .bin sets: accuracy and the best so far (kept in checkpoints); IJB sets: their headline figures.
         """
-        verifier = self.setup.verifier
-        if verifier is None and not self.setup.ijb_sets:
+        if not self.setup.evaluation:
             return {}
-        params = params or self.module.get_params()
-        reports = {}
-        for ijb_set in self.setup.ijb_sets:
-            began = time.time()
-            report, _ = ijb_set.evaluate(*params, progress=False)
-            figures = ijb_headline(report)
-            log.info(f"step {step}: IJB {ijb_set.target} [{ijb_set.mode}]: "
-                     + ", ".join(f"{key} {value:.4f}" for key, value in figures.items())
-                     + f" ({time.time() - began:.1f} s)")
-            self.metrics.write(step, **{f"ijb/{ijb_set.name}/{key}": value for key, value in figures.items()})
-            reports[f"ijb-{ijb_set.name}"] = report
-        if verifier is None:
-            return reports
-        began = time.time()
-        found = verifier.evaluate(*params)
-        for name, result in found.items():
-            if result.accuracy > self.best.get(name, {}).get("accuracy", -1.0):
-                self.best[name] = dict(accuracy=result.accuracy, step=step)
-            best = self.best[name]
-            log.info(f"step {step}: verification {name}: accuracy {result}; best {best['accuracy']:.4f} "
-                     f"at step {best['step']} ({time.time() - began:.1f} s)")
-            self.metrics.write(step, **{f"val/{name}/{key}": value for key, value in result.as_dict().items()},
-                               **{f"val/{name}/best_accuracy": best["accuracy"]})
-        return {**{name: result.as_dict() for name, result in found.items()}, **reports}
+        return self.setup.evaluation.evaluate(step, params or self.module.get_params(), self.metrics, self.best)
 
     def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
         """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""

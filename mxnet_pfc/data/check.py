@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
+from ..errors import PfcError
 from .iterators import count_classes
 from .records import DataError, decode_image_record, open_records, read_record
 
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     try:
         num_classes = args.num_classes or count_classes(rec)
         total, problems = check_records(rec, num_classes, (args.image_size, args.image_size), args.threads)
-    except DataError as error:
+    except PfcError as error:       # the project's errors (DataError, ImageError, ...)
         print(f"{rec}: cannot be used: {error}", file=sys.stderr)
         return 1
     for problem in problems[:args.show]:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import cv2
 from tqdm import tqdm
 
+from ..errors import PfcError
 from .faces import ImageError, WrongSize, decode_image, fit_size, read_file
 from .records import DataError, RecordWriter
 
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         images, identities = pack(args.faces, args.output, args.size, args.resize, args.threads)
-    except DataError as error:
+    except PfcError as error:       # the project's errors (DataError, ImageError, ...)
         print(f"pack: {error}", file=sys.stderr)
         return 1
     print(f"wrote {args.output}/train.rec, train.idx, property: {images} images of {identities} identities")

@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from ..errors import PfcError
 from ..files import atomic_path
 from .records import DataError, RecordWriter
 
@@ -248,7 +249,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
-    except DataError as error:
+    except PfcError as error:       # the project's errors (DataError, ImageError, ...)
         raise SystemExit(f"mxnet_pfc.data.synthetic: {error}") from None
     print(f"wrote {args.output}: train.rec/.idx ({args.identities} identities x {args.images_per_identity}), "
           f"property, val.bin ({args.val_pairs} pairs of {args.val_identities} unseen identities)")

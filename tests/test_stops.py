@@ -1,0 +1,45 @@
+"""What a rank says of the others when it stops (mxnet_pfc.stops), on simulated peers in one process."""
+import os
+import subprocess
+
+import pytest
+
+from mxnet_pfc import comm, stops
+
+
+@pytest.fixture
+def two_ranks_here(tmp_path, monkeypatch):
+    """This process as rank 0 of 2; rank 1 a process of this host that has ended. Returns the logs folder."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    monkeypatch.setattr(comm, "size", lambda: 2)
+    monkeypatch.setattr(comm, "rank", lambda: 0)
+    monkeypatch.setitem(stops._state, "logs", str(tmp_path))
+    monkeypatch.setitem(stops._state, "peers", [(0, 7, os.getpid()), (1, 7, ended.pid)])
+    return tmp_path, ended.pid
+
+
+def test_a_local_rank_gone_without_a_word_is_named(two_ranks_here):
+    _, pid = two_ranks_here
+    assert stops.other_rank_cause() == (f"rank 1 (pid {pid}, this host) ended without a message: killed (SIGKILL, "
+                                        f"the out-of-memory killer) or crashed; the launcher's output gives its "
+                                        f"exit status")
+
+
+def test_a_rank_that_lost_contact_too_is_not_called_killed(two_ranks_here, monkeypatch):
+    """A cut link ends every rank within the Gloo timeout. The rank that stops on a lost peer leaves a
+    record, so a rank that looks later does not take its exit for a silent death, and the elastic
+    supervisor (first_failure) does not take it for an error of the run's own."""
+    logs, _ = two_ranks_here
+    monkeypatch.setattr(stops, "_abort", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    monkeypatch.setattr(comm, "rank", lambda: 1)          # rank 1 stops first, on a lost peer
+    with pytest.raises(SystemExit):
+        stops.stop_on_error(comm.LostRankError("step 19: lost contact with the other ranks"))
+    record = open(logs / "failed-rank1.txt").read()
+    assert record.startswith(stops.LOST_CONTACT), record
+    monkeypatch.setattr(comm, "rank", lambda: 0)          # then rank 0, whose peer has exited
+    assert stops.other_rank_cause() is None
+    assert stops.first_failure(stops.read_records(str(logs), range(2))) is None
+    # a failure of its own still counts
+    (logs / "failed-rank1.txt").write_text("DataError: record 7 is damaged\n")
+    assert stops.other_rank_cause() == "rank 1 failed: DataError: record 7 is damaged"
