@@ -169,11 +169,16 @@ def other_rank_cause() -> "str | None":
     if failure is not None:
         return failure
     if _state["logs"] is not None:
+        # the first dump written: a rank whose peer crashed may crash too, inside MXNet, as it stops
+        crashes = []
         for rank in range(comm.size()):
             path = _crash_path(_state["logs"], rank)
             crash = crash_summary(path) if rank != comm.rank() else None
             if crash:
-                return f"rank {rank} crashed: {crash} (every thread's stack: {path})"
+                crashes.append((os.stat(path).st_mtime_ns, rank, path, crash))
+        if crashes:
+            _, rank, path, crash = min(crashes)
+            return f"rank {rank} crashed: {crash} (every thread's stack: {path})"
     gone = _gone_local_peers(set(records))
     if gone:
         rank, pid = gone[0]

@@ -162,6 +162,8 @@ def test_a_crashed_rank_is_named_with_where_it_crashed(tmp_path):
     message = rank_stop_line(out, 0)
     assert re.search(r"rank 1 crashed: Segmentation fault (in File \".*\", line \d+ in \S+|outside Python code)",
                      message) and "crash-rank1.txt" in message, out[-3000:]
-    # rank 0 did not crash: no dump (its empty file is removed unless the launcher killed it first)
+    # rank 0 did not crash first: no dump (its empty file is removed unless the launcher killed it first),
+    # or one written after rank 1's (MXNet may crash in a rank whose peer died, as it stops: seen in CI)
     rank0 = output / "logs" / "crash-rank0.txt"
-    assert not rank0.exists() or rank0.stat().st_size == 0
+    assert not rank0.exists() or rank0.stat().st_size == 0 or \
+        rank0.stat().st_mtime_ns >= (output / "logs" / "crash-rank1.txt").stat().st_mtime_ns

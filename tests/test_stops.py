@@ -43,3 +43,17 @@ def test_a_rank_that_lost_contact_too_is_not_called_killed(two_ranks_here, monke
     # a failure of its own still counts
     (logs / "failed-rank1.txt").write_text("DataError: record 7 is damaged\n")
     assert stops.other_rank_cause() == "rank 1 failed: DataError: record 7 is damaged"
+
+
+def test_the_first_crash_is_named_when_a_peer_crashed_after_it(tmp_path, monkeypatch):
+    """Three ranks: rank 2 crashed, then rank 0 crashed inside MXNet as it stopped. Rank 1 names rank 2."""
+    monkeypatch.setattr(comm, "size", lambda: 3)
+    monkeypatch.setattr(comm, "rank", lambda: 1)
+    monkeypatch.setitem(stops._state, "logs", str(tmp_path))
+    monkeypatch.setitem(stops._state, "peers", [])
+    for rank, when in ((2, 1_000_000_000), (0, 2_000_000_000)):
+        path = tmp_path / f"crash-rank{rank}.txt"
+        path.write_text(f"Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+                        f'  File "x.py", line {rank} in f\n')
+        os.utime(path, ns=(when, when))
+    assert stops.other_rank_cause().startswith('rank 2 crashed: Segmentation fault in File "x.py", line 2 in f')
