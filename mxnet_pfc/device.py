@@ -126,7 +126,7 @@ def choose_context(kind: str, local_rank: int, gpus: "list | None" = None):
         hint = ""
         if gpus and unsupported_gpus(gpus):
             hint = f": the MXNet 1.9.1 CUDA wheels have no kernels for compute capability above {_MAX}; {WHAT_TO_DO}"
-        elif gpus:
+        elif gpus and not _mxnet_has_cuda():
             hint = ": install the CUDA wheel (make setup on this machine, or MXNET_PACKAGE=mxnet-cu112==1.9.1)"
         if kind == "gpu":
             raise ConfigError(f"context = gpu, but MXNet sees no GPU{seen}{hint}")
@@ -140,8 +140,9 @@ def choose_context(kind: str, local_rank: int, gpus: "list | None" = None):
 def add_context_option(parser) -> None:
     """--context of the commands that run a saved model (verify, embed, ijb); see choose_context."""
     parser.add_argument("--context", choices=["auto", "cpu", "gpu"], default="auto",
-                        help="where to run the model: auto takes the first GPU MXNet sees, else the CPU; "
-                             "gpu stops with the reason when there is none (default: %(default)s)")
+                        help="where to run the model: auto takes the first GPU MXNet sees (stopping with the "
+                             "reason if the MXNet wheel has no kernels for it), else the CPU; gpu stops with the "
+                             "reason when there is none (default: %(default)s)")
 
 
 def check_horovod_gpu(ctx, distributed: bool, horovod_build: "tuple[bool, int] | None" = None) -> None:

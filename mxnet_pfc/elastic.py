@@ -217,6 +217,8 @@ def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
     were lost), --network-interface(s) is left out: horovodrun 0.28 then accepts only the loopback
     interface ("No interface is found for address 127.0.0.1"), and local ranks talk over it anyway."""
     options = shlex.split(horovodrun_args)
+    if not any(o.startswith(("--network-interface", "--network-interfaces")) for o in options):
+        return options                  # nothing to decide (and no name lookups)
     from horovod.runner.util.network import filter_local_addresses     # horovodrun's own test of "local"
     if not filter_local_addresses(hosts):
         for name in ("--network-interface", "--network-interfaces"):
@@ -225,7 +227,8 @@ def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
 
 
 def job_failure(output: str, ranks: int) -> "str | None":
-    """A failure of the run's own (a failure record that is not a signal), or None: a lost rank."""
+    """A failure of the run's own (a failure record that is not a signal or a lost contact), or None:
+    a lost rank."""
     from . import stops           # the trainer's record format; imported late (stops imports MXNet)
     return stops.first_failure(stops.read_records(os.path.join(output, "logs"), range(ranks)))
 

@@ -114,8 +114,12 @@ def clear_records(logs_folder: str) -> None:
 
 
 def record_failure(message: str) -> None:
-    """Leave this rank's reason for stopping where the other ranks look for it."""
+    """Leave this rank's reason for stopping where the other ranks look for it. A failure of its own,
+    once recorded, stays: a signal or a lost contact that follows it does not replace it."""
     if _state["logs"] is None:
+        return
+    if message.startswith((SIGNALLED, LOST_CONTACT)) and first_failure(
+            read_records(_state["logs"], [comm.rank()])) is not None:
         return
     try:
         with open(_record_path(_state["logs"], comm.rank()), "w") as f:
@@ -187,10 +191,20 @@ def other_rank_cause() -> "str | None":
     return None
 
 
+def _lost_contact_cause() -> "str | None":
+    """'rank R lost contact ...' for the lowest other rank that stopped on a lost peer, or None."""
+    lost = sorted(rank for rank, message in _records().items() if message.startswith(LOST_CONTACT))
+    if not lost:
+        return None
+    return f"rank {lost[0]} lost contact with the other ranks (a rank or host became unreachable, or ended)"
+
+
 def explain_signal(signum: int) -> str:
-    """The message of a rank that received `signum` from its launcher or the user."""
+    """The message of a rank that received `signum` from its launcher or the user. A rank that lost
+    contact is named here (the launcher ends the others after it), not as a cause in stop_on_error:
+    a rank that lost contact itself says so in its own words."""
     name = signal.Signals(signum).name
-    cause = other_rank_cause()
+    cause = other_rank_cause() or _lost_contact_cause()
     if cause is not None:
         return f"stopping: {cause}; the launcher then ended this rank ({name}); resume with --resume latest"
     return (f"stopping: interrupted ({name}: Ctrl-C, or a stop request to the launcher or this process); "

@@ -58,6 +58,15 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
     assert trainer_processes(output) == []
 
 
+def test_network_interface_is_left_out_only_when_every_host_is_local():
+    """horovodrun 0.28 takes only loopback when all hosts are local (the relaunch on one surviving host)."""
+    args = "--network-interface eth9 --gloo-timeout-seconds 10"
+    assert elastic.launcher_options(args, ["127.0.0.1"]) == ["--gloo-timeout-seconds", "10"]
+    assert elastic.launcher_options(args, ["127.0.0.1", "192.0.2.7"]) == args.split()     # a remote host
+    assert elastic.launcher_options("--network-interfaces=eth0,eth1", ["localhost"]) == []
+    assert elastic.launcher_options("--verbose", ["no-such-host.invalid"]) == ["--verbose"]   # no lookup needed
+
+
 def test_a_broken_discovery_script_is_named(tmp_path):
     proc = start_command(ELASTIC + ["--host-discovery-script", "echo 'a:b:c'", "--", "--output", tmp_path / "run"])
     out = finish_command(proc, timeout=60)

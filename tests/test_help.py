@@ -36,7 +36,9 @@ def test_every_option_says_what_it_is(command, monkeypatch):
         if len(words) < 3:
             missing.append(f"{name}: help {action.help!r} is not a phrase")
         # an option that has a value when not given says which ('' stands for "none")
-        given_default = action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS) \
+        default = action.default
+        given_default = action.option_strings and not (default is None or default is False or default == ""
+                                                       or default == argparse.SUPPRESS) \
             and not isinstance(action, argparse._StoreTrueAction)
         if given_default and "default" not in (action.help or "").lower():
             missing.append(f"{name}: help {action.help!r} does not say its default {action.default!r}")

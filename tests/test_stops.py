@@ -57,3 +57,19 @@ def test_the_first_crash_is_named_when_a_peer_crashed_after_it(tmp_path, monkeyp
                         f'  File "x.py", line {rank} in f\n')
         os.utime(path, ns=(when, when))
     assert stops.other_rank_cause().startswith('rank 2 crashed: Segmentation fault in File "x.py", line 2 in f')
+
+
+def test_a_rank_ended_by_the_launcher_after_a_lost_contact_says_so(two_ranks_here, monkeypatch):
+    """Rank 1 stopped on a lost peer; the launcher then ends rank 0 with SIGTERM: not 'interrupted'."""
+    logs, _ = two_ranks_here
+    (logs / "failed-rank1.txt").write_text(stops.LOST_CONTACT + "step 5: lost contact with the other ranks\n")
+    message = stops.explain_signal(15)
+    assert message.startswith("stopping: rank 1 lost contact with the other ranks") and "interrupted" not in message
+
+
+def test_an_own_failure_record_is_not_replaced_by_the_signal_that_follows(two_ranks_here):
+    logs, _ = two_ranks_here
+    stops.record_failure("DataError: record 7 is damaged")
+    stops.record_failure(stops.SIGNALLED + "SIGTERM")
+    stops.record_failure(stops.LOST_CONTACT + "step 5: lost contact")
+    assert open(logs / "failed-rank0.txt").read() == "DataError: record 7 is damaged\n"

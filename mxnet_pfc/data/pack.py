@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     parser.add_argument("faces", help="folder of identity sub-folders")
     parser.add_argument("output", help="folder for train.rec, train.idx, property, identities.txt")
     parser.add_argument("--size", type=int, default=112, help="image side in pixels (default: %(default)s)")
-    parser.add_argument("--resize", action="store_true", help="resize images of another size to 112x112 (default: refuse them, naming the file)")
+    parser.add_argument("--resize", action="store_true", help="resize images of another size to --size x --size (default: refuse them, naming the file)")
     parser.add_argument("--threads", type=int, default=4, help="threads that read and check the images (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
