@@ -33,16 +33,17 @@ nd = mx.nd
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-classes", type=int, default=100_000, help="identities in all (default 100000)")
-    p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers per step")
-    p.add_argument("--embedding-size", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=64, help="embeddings per rank per step")
-    p.add_argument("--steps", type=int, default=8, help="measured steps")
+    p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers sampled per step (default 0.1)")
+    p.add_argument("--embedding-size", type=int, default=512, help="embedding dimension D (default 512)")
+    p.add_argument("--batch-size", type=int, default=64, help="embeddings per rank per step (default 64)")
+    p.add_argument("--steps", type=int, default=8, help="measured steps; the median is reported (default 8)")
     p.add_argument("--warmup", type=int, default=2,
-                   help="steps run before measuring (at least 1; peak memory is read after them)")
-    p.add_argument("--margin", default="arcface", choices=sorted(margin.PRESETS))
+                   help="steps run before measuring (at least 1; peak memory is read after them; default 2)")
+    p.add_argument("--margin", default="arcface", choices=sorted(margin.PRESETS),
+                   help="margin preset of the head (default arcface)")
     p.add_argument("--kernels", default="auto", choices=["auto", "fused", "mxnet"],
-                   help="fused C++ CPU kernels, MXNet ops, or auto (fused where available)")
-    p.add_argument("--json", type=Path, help="append the result as one JSON line to this file")
+                   help="fused C++ CPU kernels, MXNet ops, or auto (fused where available; the default)")
+    p.add_argument("--json", type=Path, help="append the result as one JSON line to this file (default: print only)")
     return p.parse_args(argv)
 
 

@@ -46,12 +46,12 @@ def emulate_half_storage(report_every: int) -> None:
     PartialFC.forward_backward = forward_backward
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--half", action="store_true", help="emulate float16 centers and momentum")
-    parser.add_argument("--report-every", type=int, default=100, help="steps between dropped-update figures")
+    parser.add_argument("--report-every", type=int, default=100, help="steps between dropped-update figures (default 100)")
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then the trainer's options")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.half:
         emulate_half_storage(args.report_every)
     return train.main([a for a in args.trainer_args if a != "--"])
