@@ -217,7 +217,7 @@ def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
     were lost), --network-interface(s) is left out: horovodrun 0.28 then accepts only the loopback
     interface ("No interface is found for address 127.0.0.1"), and local ranks talk over it anyway."""
     options = shlex.split(horovodrun_args)
-    if not any(o.startswith(("--network-interface", "--network-interfaces")) for o in options):
+    if not any(o.startswith("--network-interface") for o in options):      # also --network-interfaces
         return options                  # nothing to decide (and no name lookups)
     from horovod.runner.util.network import filter_local_addresses     # horovodrun's own test of "local"
     if not filter_local_addresses(hosts):

@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from .errors import CheckpointError
-from .kernels import set_rows, take_rows
+from .kernels import center_gradients, set_rows
 
 nd = mx.nd
 
@@ -101,9 +101,7 @@ class MemoryBank:
         if update and not self._holding:
             return self.ops.center_step(grad, xh, radial, index, self.weight, self.weight_mom,
                                         self.lr, self.momentum, self.wd)
-        rows = take_rows(self.weight, index)
-        grad_xh = nd.dot(grad, rows)
-        center_grad = nd.dot(grad, xh, transpose_a=True)
+        rows, grad_xh, center_grad = center_gradients(grad, xh, self.weight, index)
         if update:
             index, center_grad, radial, rows = self._take_held(index, center_grad, radial)
             self.ops.sgd_rows(self.weight, self.weight_mom, center_grad, radial, rows, index,

@@ -190,7 +190,7 @@ class Trainer:
             if self.rank == 0:
                 self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step,
                                           resume.state["step"] if resume else None, samples_of=self.samples_seen,
-                                          saved_samples=resume.state.get("samples_seen") if resume else None)
+                                          saved_samples=self.samples_at_start if resume else None)
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
                         mininterval=5, file=sys.stderr, dynamic_ncols=True)
         window = Throughput(plan.global_batch // self.world, self.world)

@@ -150,6 +150,13 @@ def set_rows(table: nd.NDArray, index: nd.NDArray, values: nd.NDArray) -> None:
                                  out=table)
 
 
+def center_gradients(grad: nd.NDArray, xh: nd.NDArray, weight: nd.NDArray, index: nd.NDArray):
+    """(rows, grad . rows, grad^T . xh) for the centers `index` of weight, as MXNet products: the
+    embeddings' gradient and the centers' gradient without its radial term (docs/DESIGN.md section 2.5)."""
+    rows = take_rows(weight, index)
+    return rows, nd.dot(grad, rows), nd.dot(grad, xh, transpose_a=True)
+
+
 def _filtered(logits: nd.NDArray, threshold: float) -> nd.NDArray:
     """1 where inter-class filtering applies: above the threshold and finite (NaN compares
     false; +Inf is kept so that the loss check sees it, as in the fused kernels)."""
@@ -285,9 +292,8 @@ class MXNetOps:
         return nd.dot(xh, rows, transpose_b=True, out=out), self.inv_norm(rows)
 
     def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
-        rows = take_rows(weight, index)
-        grad_xh = nd.dot(grad, rows)
-        self.sgd_rows(weight, mom, nd.dot(grad, xh, transpose_a=True), coef, rows, index, lr, momentum, wd)
+        rows, grad_xh, center_grad = center_gradients(grad, xh, weight, index)
+        self.sgd_rows(weight, mom, center_grad, coef, rows, index, lr, momentum, wd)
         return grad_xh
 
     def sgd_rows(self, weight, mom, grad, coef, rows, index, lr, momentum, wd):
