@@ -424,10 +424,21 @@ def main(argv=None) -> int:
         except RuntimeError as error:
             print(f"mxnet_pfc.elastic: {error}", file=sys.stderr)
             return 2
-    supervisor = Supervisor(args, trainer_args, cfg.output)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, supervisor.interrupt)
-    return supervisor.run()
+    from . import run_lock
+    try:       # one supervisor per output folder: two would relaunch over each other
+        lock = run_lock.acquire(os.path.join(cfg.output, "elastic"))
+    except run_lock.OutputBusyError as error:
+        print(f"mxnet_pfc.elastic: another supervisor runs on this output: {error}", file=sys.stderr)
+        return 2
+    if lock.took_over:
+        log.info(f"took over from a supervisor that is gone: {lock.took_over}")
+    try:
+        supervisor = Supervisor(args, trainer_args, cfg.output)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, supervisor.interrupt)
+        return supervisor.run()
+    finally:
+        lock.release()
 
 
 if __name__ == "__main__":

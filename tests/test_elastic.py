@@ -129,6 +129,12 @@ def test_max_restarts_and_ctrl_c_during_a_restart_leave_nothing_running(tmp_path
     else:
         wait_until(lambda: any(e["event"].startswith("launch (restart 1/3") for e in timeline(output))
                    and marked(mark), 60, "the relaunched job", proc=proc)
+        # a second supervisor on the same output is refused at once, naming the first
+        second = start_command(ELASTIC + ["--host-discovery-script", "echo localhost:2", "--horovodrun", fake,
+                                          "--", "--output", output, "--max_update", 5, "--save_interval", 2])
+        said = finish_command(second, timeout=60)
+        assert second.returncode == 2 and "another supervisor runs on this output" in said \
+            and f"pid {proc.pid}" in said, said
         os.kill(proc.pid, signal.SIGINT)
         out = finish_command(proc, timeout=60)
         assert proc.returncode == 128 + signal.SIGINT, out
