@@ -7,8 +7,10 @@ input on any rank raises the same error everywhere instead of a hang or a
 wrong loss. Vectors of different lengths (a wrong width, another batch size)
 still gather: the header says how long each is.
 
-Nothing here runs a collective or keeps state (unpack copies the headers to
-the host); `partial_fc.PartialFC` does the allgather.
+Nothing here runs a collective or keeps state; `partial_fc.PartialFC` does
+the allgather. The vector is built on the host (a handful of numpy
+operations instead of some thirty small device operators) and, after the
+gather, only the headers and labels come back to the host.
 Tests simulate W ranks by concatenating W packed vectors (docs/DESIGN.md,
 section 2.1).
 """
@@ -42,68 +44,68 @@ class PartialFCInputError(PfcError, ValueError):
     """Inputs of a step were invalid on at least one rank; raised on every rank."""
 
 
-def split_hi_lo(labels: nd.NDArray) -> nd.NDArray:
+def split_hi_lo(labels: np.ndarray) -> np.ndarray:
     """int64 values (< 2^48) -> float32 (n, 2) pairs (hi, lo), exactly."""
-    value = labels.astype("float64")
-    hi = nd.floor(value / LABEL_SPLIT)
-    return nd.stack(hi, value - hi * LABEL_SPLIT, axis=1).astype("float32")
+    labels = np.asarray(labels, dtype=np.int64)
+    hi = np.floor_divide(labels, LABEL_SPLIT)
+    return np.stack([hi, labels - hi * LABEL_SPLIT], axis=1).astype(np.float32)
 
 
-def join_hi_lo(pairs: nd.NDArray) -> nd.NDArray:
+def join_hi_lo(pairs: np.ndarray) -> np.ndarray:
     """Inverse of split_hi_lo: float32 (n, 2) -> int64 (n,)."""
-    pairs = pairs.astype("float64")
-    return (pairs[:, 0] * LABEL_SPLIT + pairs[:, 1]).astype("int64")
+    pairs = np.asarray(pairs).astype(np.int64)
+    return pairs[:, 0] * LABEL_SPLIT + pairs[:, 1]
 
 
-def convert_inputs(embeddings, labels, num_classes: int, ctx: mx.Context):
-    """(float32 embeddings, int64 labels, problem code) on ctx; code 0 when fine.
+def convert_inputs(embeddings, labels, num_classes: int):
+    """(float32 embeddings, int64 labels, problem code) as host arrays; code 0 when fine.
 
+    The inputs are read on the host: the checks, the labels and the sampler
+    that follows work there in numpy, not as dozens of small device operators.
     Float labels must hold exact integers; those that do not become -1 and
     are reported as out of range by the header check.
     """
     try:
         if isinstance(embeddings, nd.NDArray):
-            x = embeddings.as_in_context(ctx).astype("float32", copy=False)
+            x = embeddings.asnumpy().astype(np.float32, copy=False)    # host sync on the embeddings
         else:
-            x = nd.array(np.asarray(embeddings, dtype=np.float32), ctx=ctx)
+            x = np.asarray(embeddings, dtype=np.float32)
     except (TypeError, ValueError):
         return None, None, 1
-    dtype = np.dtype(labels.dtype) if isinstance(labels, nd.NDArray) else np.asarray(labels).dtype
-    if dtype.kind not in "iuf":
+    y = labels.asnumpy() if isinstance(labels, nd.NDArray) else np.asarray(labels)
+    if y.dtype.kind not in "iuf":
         return x, None, 2
-    if dtype.kind == "f" and dtype.itemsize <= 4 and num_classes > FLOAT32_EXACT_INT:
+    if y.dtype.kind == "f" and y.dtype.itemsize <= 4 and num_classes > FLOAT32_EXACT_INT:
         return x, None, 3
-    if isinstance(labels, nd.NDArray):
-        y = labels.as_in_context(ctx)
-    else:
-        y = nd.array(np.asarray(labels), ctx=ctx, dtype=dtype)
-    if dtype.kind == "f":
-        as_int = y.astype("int64")
-        minus_one = nd.full(as_int.shape, -1, ctx=ctx, dtype=as_int.dtype)
-        return x, nd.where(as_int.astype(y.dtype) == y, as_int, minus_one), 0
-    return x, y.astype("int64", copy=False), 0
+    if y.dtype.kind == "f":
+        whole = np.isfinite(y) & (np.floor(y) == y) & (np.abs(y) < 2.0 ** 62)
+        return x, np.where(whole, y, -1).astype(np.int64), 0
+    return x, y.astype(np.int64), 0
 
 
 def pack(x, labels, problem: int, num_classes: int, ctx: mx.Context) -> nd.NDArray:
     """This rank's part of the gathered batch: header, labels (hi, lo), embeddings, flat float32.
 
-    Input that cannot be laid out (a problem code, wrong dimensions, an empty
-    batch) sends the header alone.
+    Built on the host and copied to ctx once. Input that cannot be laid out (a
+    problem code, wrong dimensions, an empty batch) sends the header alone.
     """
     shape = x.shape if x is not None else ()
     label_shape = labels.shape if labels is not None else ()
     rows = shape[0] if len(shape) == 2 else -1
     width = shape[1] if len(shape) == 2 else -1
     valid = problem == 0 and len(shape) == 2 and label_shape == (rows,) and rows > 0
-    head = [problem, rows, width, label_shape[0] if len(label_shape) == 1 else -1, len(label_shape)]
+    header = dict.fromkeys(HEADER, 0)
+    header.update(problem=problem, rows=rows, width=width, labels=label_shape[0] if len(label_shape) == 1 else -1,
+                  label_ndim=len(label_shape))
     if not valid:
-        return nd.array(head + [0] * (len(HEADER) - len(head)), ctx=ctx)
-    bad = ((labels < 0) + (labels >= num_classes)).sum().astype("float32")
-    nonfinite = (x.size - nd.contrib.isfinite(x).sum()).astype("float32")
-    extremes = split_hi_lo(nd.concat(labels.min(), labels.max(), dim=0))
-    header = nd.concat(nd.array(head, ctx=ctx), bad, nonfinite, extremes.reshape((-1,)),
-                       nd.array([2 * rows, rows * width], ctx=ctx), dim=0)
-    return nd.concat(header, split_hi_lo(labels).reshape((-1,)), x.reshape((-1,)), dim=0)
+        return nd.array(np.array(list(header.values()), dtype=np.float32), ctx=ctx)
+    (min_hi, min_lo), (max_hi, max_lo) = split_hi_lo([labels.min(), labels.max()])
+    header.update(bad_labels=int(((labels < 0) | (labels >= num_classes)).sum()),
+                  nonfinite=int(x.size - np.isfinite(x).sum()), min_hi=min_hi, min_lo=min_lo,
+                  max_hi=max_hi, max_lo=max_lo, label_values=2 * rows, embedding_values=rows * width)
+    packed = np.concatenate([np.array(list(header.values()), dtype=np.float32),
+                             split_hi_lo(labels).reshape(-1), x.reshape(-1)])
+    return nd.array(packed, ctx=ctx, dtype="float32")
 
 
 def packed_length(x, problem: int) -> int:
@@ -113,39 +115,41 @@ def packed_length(x, problem: int) -> int:
     return len(HEADER) + 2 * x.shape[0] + x.size
 
 
-def unpack(gathered: nd.NDArray, world_size: int, per_rank: int):
-    """(headers, table): every rank's header as a list, and the (world_size, per_rank) table.
+def _values_after(header: list) -> int:
+    """How many values follow a header in its rank's vector: its labels and embeddings."""
+    fields = dict(zip(HEADER, header))
+    return int(fields["label_values"]) + int(fields["embedding_values"])
 
-    per_rank is this rank's own packed length (-1 when its input was not
-    valid). When every header declares that same length the layout is
-    regular and only the headers are copied to the host; otherwise the
-    headers are walked one by one on the host and the table is None.
+
+def unpack(gathered: nd.NDArray, world_size: int, x, problem: int):
+    """(headers, batch): every rank's header as a list, and the gathered batch.
+
+    x and problem are this rank's own converted input. When every header
+    declares this rank's length the layout is regular: only the headers and
+    labels are copied to the host, and batch is (embeddings (W*rows, width) on
+    the context of `gathered`, labels (W*rows,) int64 on the host). Otherwise
+    the headers are walked one by one on the host and batch is None.
     """
     K = len(HEADER)
+    per_rank = packed_length(x, problem)
     if per_rank > 0 and gathered.shape[0] == per_rank * world_size:
+        rows, width = x.shape
         table = gathered.reshape((world_size, per_rank))
-        # Host sync: the headers decide whether this step goes on.
-        headers = table[:, :K].asnumpy().tolist()
+        host = table[:, :K + 2 * rows].asnumpy()     # host sync: the headers decide whether the step goes on
+        headers = host[:, :K].tolist()
         # Rank 0's header is at 0; if each header declares this same length, the
         # next one is where the regular layout puts it (by induction). Equal
         # totals alone prove nothing: 53 + 43 + 33 == 3 * 43.
-        if all(K + h[-2] + h[-1] == per_rank for h in headers):
-            return headers, table
+        if all(K + _values_after(h) == per_rank for h in headers):
+            labels = join_hi_lo(host[:, K:].reshape((-1, 2)))
+            return headers, (table[:, K + 2 * rows:].reshape((-1, width)), labels)
     host = gathered.asnumpy()
     headers, offset = [], 0
     while offset < host.shape[0]:
         header = host[offset:offset + K].tolist()
         headers.append(header)
-        offset += K + int(header[-2]) + int(header[-1])
+        offset += K + _values_after(header)
     return headers, None
-
-
-def batch_from_table(table: nd.NDArray, rows: int, width: int) -> "tuple[nd.NDArray, nd.NDArray]":
-    """(embeddings (W*rows, width) float32, labels (W*rows,) int64) of a regular gathered table."""
-    K = len(HEADER)
-    labels = join_hi_lo(table[:, K:K + 2 * rows].reshape((-1, 2)))
-    embeddings = table[:, K + 2 * rows:].reshape((-1, width))
-    return embeddings, labels
 
 
 def input_problems(headers: list, embedding_size: int, num_classes: int) -> "list[str]":

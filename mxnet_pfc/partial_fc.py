@@ -38,10 +38,6 @@ __all__ = ["PartialFC", "PartialFCInputError", "NonFiniteLossError", "CenterSamp
 nd = mx.nd
 log = logging.getLogger(__name__)
 
-def _full_like(like: nd.NDArray, value) -> nd.NDArray:
-    return nd.full(like.shape, value, ctx=like.context, dtype=like.dtype)
-
-
 class Workspace:
     """Persistent buffers for a step's large arrays, reused from step to step.
 
@@ -94,52 +90,85 @@ def expected_draws(num_local: int, num_sample: int) -> int:
 
 
 class CenterSampler:
-    """Picks the local centers of one step: all positives plus uniform negatives.
+    """Picks the local centers of one step: all positives plus uniform negatives, on the host.
 
     Negatives are drawn uniformly with replacement; repeated draws and draws of
     positives are dropped and the first (num_sample - positives) surviving draws
     are kept. Keeping the first distinct draws is exactly sampling without
     replacement. Deduplication uses a persistent table with one slot per local
     class (plus one for labels of other ranks): scatter each draw's position,
-    read it back, and the draw that reads its own position survives. The work
-    per step is O(draws + N) plus one sort of the chosen indices; the table
-    is never cleared because only slots written in the same step are read.
-    The two passes around the host sync are the head's ops (sample_dedup,
-    sample_choose): two fused kernels, or some twenty MXNet operators.
+    read it back, and the draw that reads its own position survives. The
+    chosen ids come out sorted from a persistent mark per class, without a
+    sort. The work per step is O(draws + N) plus a scan of one byte per local
+    class; the tables are never cleared because only slots written in the same
+    step are read. The draws come from MXNet's generator on the head's context
+    (seeding.py owns its seeding); the rest is numpy: a few hundred
+    microseconds at 50,000 local classes, where device operators cost a
+    dispatch each and a host sync to learn the sampled count.
     """
 
-    def __init__(self, num_local: int, num_sample: int, ctx: mx.Context, ops=None):
+    def __init__(self, num_local: int, num_sample: int, ctx: mx.Context):
         self.num_local = num_local
         self.num_sample = num_sample
         self.ctx = ctx
-        self.ops = ops if ops is not None else head_ops(ctx)
         self.full = num_sample >= num_local
         self.num_draws = expected_draws(num_local, num_sample)
-        self._all = nd.arange(num_local, ctx=ctx, dtype="int32") if self.full else None
-        self._table = None if self.full else nd.zeros((num_local + 1,), ctx=ctx, dtype="int32")
+        self._table = None if self.full else np.zeros(num_local + 1, dtype=np.int32)
+        self._chosen = None if self.full else np.zeros(num_local, dtype=bool)
 
-    def sample(self, local_ids: nd.NDArray) -> "tuple[nd.NDArray, nd.NDArray]":
-        """(index, target) for int32 local_ids (N,), num_local marking other ranks' labels.
+    def sample(self, local_ids: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+        """(index, target) for local_ids (N,) on the host, num_local marking other ranks' labels.
 
         index: sorted int32 local class ids (S,); target: int32 (N,), the column of
         each row's label in index (meaningless for rows of other ranks).
         """
+        local_ids = np.asarray(local_ids, dtype=np.int64)
         if self.full:
-            return self._all, local_ids
-        draws = self.num_draws
+            return np.arange(self.num_local, dtype=np.int32), local_ids.astype(np.int32)
+        N, table, draws = local_ids.shape[0], self._table, self.num_draws
+        rows = np.arange(N)
         for _attempt in range(20):
-            candidates = nd.random.randint(0, self.num_local, shape=(draws,), ctx=self.ctx, dtype="int32")
-            keep, counts = self.ops.sample_dedup(self._table, local_ids, candidates)
-            # Host sync: the number of centers fixes the shapes of the rest of the step.
-            num_pos, num_cand = (int(v) for v in counts.asnumpy())
-            num_neg = max(self.num_sample - num_pos, 0)
-            if num_cand >= num_neg:
+            candidates = nd.random.randint(0, self.num_local, shape=(draws,), ctx=self.ctx,
+                                           dtype="int32").asnumpy().astype(np.int64)
+            positions = np.arange(N, N + draws)
+            # One draw per class holds its slot: whichever NumPy writes last. The choice depends
+            # on positions only, never on the class, so the sample stays uniform.
+            table[candidates] = positions
+            table[local_ids] = rows                     # positives overwrite draws of the same class
+            positives = local_ids[(table[local_ids] == rows) & (local_ids < self.num_local)]
+            distinct = candidates[table[candidates] == positions]
+            num_neg = max(self.num_sample - positives.shape[0], 0)
+            if distinct.shape[0] >= num_neg:
                 break
-            log.warning("sampler drew %d distinct negatives, needed %d; drawing again", num_cand, num_neg)
+            log.warning("sampler drew %d distinct negatives, needed %d; drawing again", distinct.shape[0], num_neg)
             draws *= 2
         else:
             raise RuntimeError("the center sampler failed to draw enough distinct negatives")
-        return self.ops.sample_choose(self._table, local_ids, candidates, keep, num_neg, num_pos + num_neg)
+        chosen = self._chosen
+        chosen[positives] = True
+        chosen[distinct[:num_neg]] = True
+        index = np.flatnonzero(chosen)
+        chosen[index] = False
+        table[index] = np.arange(index.shape[0])
+        return index.astype(np.int32), table[local_ids].astype(np.int32)
+
+
+def global_softmax(parts: np.ndarray, rank: int, mean_over: int) -> "tuple[np.ndarray, float, np.ndarray]":
+    """(lse (N,), loss, target_coef (N,)) from every rank's (lse_local, f_t) rows, in float64.
+
+    parts (W, 2, N): rank r's log-sum-exp over its columns and its margined target
+    logits (0 on rows whose label it does not own). lse is the log-sum-exp over all
+    ranks' columns, the loss the mean of lse - f_target over the N rows, and
+    target_coef = (p_target - 1) / mean_over for this rank's targets: the target
+    cell's gradient before the margin's derivative (docs/DESIGN.md section 2.4).
+    """
+    parts = np.asarray(parts, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):     # non-finite input is reported by the caller
+        top = parts[:, 0, :].max(axis=0)
+        lse = top + np.log(np.exp(parts[:, 0, :] - top).sum(axis=0))
+        loss = float(np.mean(lse - parts[:, 1, :].sum(axis=0)))
+        target_coef = (np.exp(parts[rank, 1, :] - lse) - 1.0) / mean_over
+    return lse, loss, target_coef
 
 
 class PartialFC:
@@ -191,7 +220,7 @@ class PartialFC:
         self.bank = MemoryBank(self.num_classes, self.embedding_size, self.rank, self.world_size, self.ctx,
                                self.ops, lr=lr, momentum=momentum, wd=wd, init_std=init_std)
         self.num_sample = num_sampled_centers(self.bank.num_local, self.sample_rate)
-        self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self.ctx, self.ops)
+        self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self.ctx)
         self.sampled_index = None     # sorted local ids of the centers used by the last step
         self.workspace = Workspace(self.ctx)
 
@@ -224,15 +253,16 @@ class PartialFC:
                      for k, name in enumerate(names) if len({row[k] for row in table}) > 1]
             raise PartialFCInputError("PartialFC settings differ across ranks: " + "; ".join(diffs))
 
-    def _gather_batch(self, embeddings, labels) -> "tuple[nd.NDArray, nd.NDArray]":
-        """Collective 1: every rank's embeddings and labels, checked; raises on every rank if bad."""
-        x, y, problem = exchange.convert_inputs(embeddings, labels, self.num_classes, self.ctx)
+    def _gather_batch(self, embeddings, labels) -> "tuple[nd.NDArray, np.ndarray]":
+        """Collective 1: every rank's embeddings (on ctx) and labels (int64, host), checked;
+        raises on every rank if any rank's input is bad."""
+        x, y, problem = exchange.convert_inputs(embeddings, labels, self.num_classes)
         gathered = comm.allgather(exchange.pack(x, y, problem, self.num_classes, self.ctx), name="pfc.batch")
-        headers, table = exchange.unpack(gathered, self.world_size, exchange.packed_length(x, problem))
+        headers, batch = exchange.unpack(gathered, self.world_size, x, problem)
         exchange.raise_if_bad(headers, self.embedding_size, self.num_classes)
-        if table is None:   # every header fine, yet the layout is not regular: a bug, not input
+        if batch is None:   # every header fine, yet the layout is not regular: a bug, not input
             raise RuntimeError(f"gathered batch of {gathered.shape[0]} values does not match the headers")
-        return exchange.batch_from_table(table, *x.shape)
+        return batch
 
     def forward_backward(self, local_embeddings, local_labels, micro_batches: int = 1,
                          update: bool = True) -> "tuple[float, nd.NDArray]":
@@ -259,14 +289,16 @@ class PartialFC:
         x_all, labels_all = self._gather_batch(local_embeddings, local_labels)     # collective 1
         N, B = x_all.shape[0], x_all.shape[0] // self.world_size
 
+        # The labels are on the host: sample there, then copy the sampled ids, each row's
+        # column of its label (0 on rows of other ranks) and its mask in one piece.
         local = labels_all - bank.class_start
-        in_shard = (local >= 0) * (local < n)
-        local_ids = nd.where(in_shard, local, _full_like(local, n)).astype("int32")
-        index, target = self.sampler.sample(local_ids)
-        self.sampled_index = index
+        in_shard = (local >= 0) & (local < n)
+        index, target = self.sampler.sample(np.where(in_shard, local, n))
         S = index.shape[0]
-        target = nd.clip(target, 0, S - 1)
-        mask = in_shard.astype("float32")
+        step_ids = nd.array(np.concatenate([index, np.where(in_shard, target, 0), in_shard]),
+                            ctx=self.ctx, dtype="int32")
+        index, target, mask = step_ids[:S], step_ids[S:S + N], step_ids[S + N:].astype("float32")
+        self.sampled_index = index
 
         # Forward. cos * |w| against every sampled center, read block by block from the bank
         # (the sampled centers are never copied out), then scaled to scos = s * cos(theta).
@@ -282,24 +314,20 @@ class PartialFC:
         scos, lse_local, f_t, df_t = self.ops.scale_lse(scos, s * inv_w, target, mask, self.margin, threshold)
         # Collective 2: every rank's row log-sum-exp and target logits. The global
         # log-sum-exp over ranks is then computed identically everywhere (this is
-        # the "allreduce max, allreduce sum of exp" of the method in one call).
-        parts = comm.allgather(nd.stack(lse_local, f_t).reshape((1, 2, N)), name="pfc.lse")
-        top = nd.max(parts[:, 0, :], axis=0)
-        lse = top + nd.log(nd.sum(nd.exp(nd.broadcast_sub(parts[:, 0, :], top.reshape((1, -1)))), axis=0))
-        f_target = nd.sum(parts[:, 1, :], axis=0)
-        loss = nd.mean(lse - f_target)
-
-        # Backward. gs = d loss / d cos, divided column-wise by |w_j|; b_j = sum_i gs_ij cos_ij.
-        p_t = nd.exp(f_t - lse)
+        # the "allreduce max, allreduce sum of exp" of the method in one call), on
+        # the host in float64: the loss is needed there anyway.
+        parts = comm.allgather(nd.stack(lse_local, f_t).reshape((1, 2, N)), name="pfc.lse").asnumpy()
         mean_over = N * micro_batches       # the samples of the mean loss being trained
-        grad_t = (p_t - 1.0) / mean_over * df_t * nd.take(inv_w, target)
-        gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, mean_over, threshold)
-        # Host sync: the loss as a Python float, checked before the centers move (the
-        # gradient above is computed meanwhile). It is the same on every rank, so every
-        # rank stops here together.
-        loss_value = float(loss.asscalar())
+        lse, loss_value, target_coef = global_softmax(parts, self.rank, mean_over)
+        # The loss is the same on every rank, so every rank stops here together,
+        # before any center moves.
         if not np.isfinite(loss_value):
             self._raise_nonfinite(loss_value, parts)
+
+        # Backward. gs = d loss / d cos, divided column-wise by |w_j|; b_j = sum_i gs_ij cos_ij.
+        lse, target_coef = nd.array(np.stack([lse, target_coef]), ctx=self.ctx, dtype="float32")
+        grad_t = target_coef * df_t * nd.take(inv_w, target)
+        gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, mean_over, threshold)
         # The embeddings' gradient and the centers' SGD, in one pass over the sampled rows
         # (b * inv_w scales the radial term of the normalisation: grad_w_j - coef_j * w_j);
         # with update=False the centers' gradient is held for the micro-batch that updates.
@@ -311,9 +339,9 @@ class PartialFC:
             gxh - nd.broadcast_mul(xh_mine, nd.sum(gxh * xh_mine, axis=1, keepdims=True)), inv_x[mine])
         return loss_value, grad_x.as_in_context(caller_ctx)
 
-    def _raise_nonfinite(self, loss: float, parts: nd.NDArray) -> None:
+    def _raise_nonfinite(self, loss: float, parts: np.ndarray) -> None:
         """Name the ranks whose class shard gave non-finite logits (the embeddings were checked on entry)."""
-        finite = np.isfinite(parts.asnumpy()).reshape(self.world_size, -1).all(axis=1)
+        finite = np.isfinite(parts).reshape(self.world_size, -1).all(axis=1)
         ranks = [r for r in range(self.world_size) if not finite[r]]
         shards = "; ".join(f"rank {r} (classes {start}..{start + count - 1})"
                            for r in ranks for start, count in [shard_range(self.num_classes, r, self.world_size)])

@@ -76,11 +76,12 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
     num_sample = max_sampled_centers(num_local, rate, n)
     bank = num_local * embedding * DTYPE_BYTES[dtype]
     if full:
-        draws, table = 0, num_local * 4          # an arange of every local class
+        draws, table = 0, 0                      # every local class: no tables
     else:
-        # candidates drawn with replacement (int32 draws and their keys), then the slot table
+        # candidates drawn with replacement (int32 draws and their keys); the sampler's host
+        # tables: an int32 slot and a one-byte mark per local class
         draws = expected_draws(num_local, num_sample) + n
-        table = (num_local + 1) * 4
+        table = (num_local + 1) * 4 + num_local
     # the center gradient, and the gathered centers unless every center is used (then read in place)
     sampled = num_sample * embedding * 4 * (1 if full else 2) + num_sample * 4 * 3 + draws * 4 * 2
     held = 0

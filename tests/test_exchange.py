@@ -17,10 +17,10 @@ D, C = 8, 50
 
 def gather(inputs, num_classes=C):
     """What every rank sees after collective 1: [(headers, table, per_rank)] per simulated rank."""
-    converted = [exchange.convert_inputs(x, y, num_classes, CTX) for x, y in inputs]
+    converted = [exchange.convert_inputs(x, y, num_classes) for x, y in inputs]
     gathered = mx.nd.concat(*[exchange.pack(x, y, p, num_classes, CTX) for x, y, p in converted], dim=0)
     world = len(inputs)
-    return [(*exchange.unpack(gathered, world, exchange.packed_length(x, p)), x) for x, _, p in converted]
+    return [(*exchange.unpack(gathered, world, x, p), x) for x, _, p in converted]
 
 
 def problems_everywhere(inputs, num_classes=C):
@@ -38,21 +38,22 @@ def good(rank, rows=4):
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_good_input_arrives_exactly_on_every_rank(world):
     inputs = [good(r) for r in range(world)]
-    for headers, table, x in gather(inputs):
+    for headers, batch, x in gather(inputs):
         assert exchange.input_problems(headers, D, C) == []
-        assert table is not None                       # the regular layout: only headers copied to the host
-        embeddings, labels = exchange.batch_from_table(table, *x.shape)
+        assert batch is not None                       # the regular layout: only headers and labels on the host
+        embeddings, labels = batch
+        assert embeddings.context == CTX and isinstance(labels, np.ndarray)
         assert np.array_equal(embeddings.asnumpy(), np.concatenate([x for x, _ in inputs]))
-        assert np.array_equal(labels.asnumpy(), np.concatenate([y for _, y in inputs]))
+        assert np.array_equal(labels, np.concatenate([y for _, y in inputs]))
 
 
 def test_labels_beyond_float32_travel_exactly():
     classes = 2 ** 40
     labels = [np.array([0, 2 ** 24 + 1, 2 ** 40 - 1, 123456789012]), np.array([2 ** 33 + 7, 1, 2, 3])]
     inputs = [(np.ones((4, D), np.float32), y) for y in labels]
-    for headers, table, x in gather(inputs, classes):
+    for headers, batch, x in gather(inputs, classes):
         assert exchange.input_problems(headers, D, classes) == []
-        assert np.array_equal(exchange.batch_from_table(table, *x.shape)[1].asnumpy(), np.concatenate(labels))
+        assert np.array_equal(batch[1], np.concatenate(labels))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -20,8 +20,8 @@ def test_model_counts_what_the_head_allocates(rate):
     model = head_memory(classes, 1, dim, rate, batch)
     assert model.num_sample == head.sampled_index.shape[0]
     assert model.centers == head.bank.weight.size * 4 and model.momentum == head.bank.weight_mom.size * 4
-    table = head.sampler._table if rate < 1 else head.sampler._all
-    assert model.sampler_table == table.size * 4
+    tables = (head.sampler._table.nbytes + head.sampler._chosen.nbytes) if rate < 1 else 0
+    assert model.sampler_table == tables
     logits = head.workspace._flat["logits"]
     assert model.logits == logits.size * 4
     # The fused CPU kernels take the centers in cache-sized blocks: no S x D buffer at all. The

@@ -190,12 +190,6 @@ class FusedOps:
     def sgd_rows(self, weight, mom, grad, coef, rows, index, lr, momentum, wd):
         nd.pfc_sgd_rows(weight, mom, grad, coef, index, lr=lr, momentum=momentum, wd=wd)
 
-    def sample_dedup(self, table, local_ids, candidates):
-        return nd.pfc_sample_dedup(local_ids, candidates, table)
-
-    def sample_choose(self, table, local_ids, candidates, keep, num_neg, size):
-        return nd.pfc_sample_choose(local_ids, candidates, keep, table, num_neg=num_neg, size=size)
-
     def logits(self, xh, weight, index, out):
         inv = nd.empty((index.shape[0],), ctx=weight.context)
         nd.pfc_logits(xh, weight, index, out=[out, inv])
@@ -212,34 +206,6 @@ class MXNetOps:
 
     def __init__(self):
         self._ones = {}
-        self._aranges = {}
-
-    def _arange(self, start, stop, ctx):
-        if (start, stop, ctx) not in self._aranges:
-            self._aranges[(start, stop, ctx)] = nd.arange(start, stop, ctx=ctx, dtype="int32")
-        return self._aranges[(start, stop, ctx)]
-
-    def sample_dedup(self, table, local_ids, candidates):
-        """(keep (N + M) int32, counts (2,) int32): labels and draws that read their own slot back."""
-        N, M, ctx = local_ids.shape[0], candidates.shape[0], table.context
-        cand_pos, label_pos = self._arange(N, N + M, ctx), self._arange(0, N, ctx)
-        set_rows(table, candidates, cand_pos)
-        set_rows(table, local_ids, label_pos)           # positives overwrite draws of the same class
-        keep_cand = nd.take(table, candidates) == cand_pos
-        keep_label = (nd.take(table, local_ids) == label_pos) * (local_ids < table.shape[0] - 1)
-        counts = nd.concat(keep_label.sum(), keep_cand.sum(), dim=0).astype("int32")
-        return nd.concat(keep_label, keep_cand, dim=0).astype("int32"), counts
-
-    def sample_choose(self, table, local_ids, candidates, keep, num_neg, size):
-        """(index (size,) sorted, target (N,)): kept labels and the first num_neg kept draws."""
-        N = local_ids.shape[0]
-        keep_cand = keep[N:]
-        keep_cand = keep_cand * (nd.cumsum(keep_cand) <= num_neg)
-        chosen = nd.contrib.boolean_mask(nd.concat(local_ids, candidates, dim=0),
-                                         nd.concat(keep[:N], keep_cand, dim=0))
-        index = nd.sort(chosen).astype("int32")
-        set_rows(table, index, self._arange(0, size, table.context))
-        return index, nd.take(table, local_ids)
 
     def _ones_col(self, n, ctx):
         if (n, ctx) not in self._ones:

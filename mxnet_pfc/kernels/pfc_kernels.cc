@@ -14,9 +14,6 @@
 //                        b[j] = sum_i grad[i, j] * cos[i, j]
 //   pfc_sgd_rows         momentum SGD of the sampled rows of weight and mom in
 //                        place, with the radial term of the normalisation
-//   pfc_sample_dedup     the center sampler's deduplication: which draws and
-//                        labels are the first of their class, and their counts
-//   pfc_sample_choose    the sampled centers (sorted) and each row's column
 //   pfc_logits           cos * |w| of every row against the sampled centers and
 //                        their 1 / |w|, block by block from the bank: the
 //                        sampled centers are never copied out as a whole
@@ -329,65 +326,6 @@ MXReturnValue sgd_rows(const std::unordered_map<std::string, std::string>& attrs
 }
 
 
-// ---------------------------------------------------------------- sampler
-// The rule of partial_fc.CenterSampler (docs/DESIGN.md section 2.2) in two
-// passes around the host sync that learns the sampled count. table (n + 1)
-// int32 is the sampler's persistent slot table; slot n collects labels of
-// other ranks (local id n). Only slots written in the same call are read.
-//
-// pfc_sample_dedup. Inputs: local_ids (N), candidates (M), table [mutated].
-// Outputs: keep (N + M) int32, 1 for a label that is the last row of its class
-// on this rank and for a draw that is the last of its class and no positive;
-// counts (2) int32: the kept labels and the kept draws.
-MXReturnValue sample_dedup(const std::unordered_map<std::string, std::string>& attrs,
-                           std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
-                           const OpResource& res) {
-  const int32_t* ids = (*inputs)[0].data<int32_t>();
-  const int32_t* cand = (*inputs)[1].data<int32_t>();
-  int32_t* table = (*inputs)[2].data<int32_t>();
-  int32_t* keep = (*outputs)[0].data<int32_t>();
-  int32_t* counts = (*outputs)[1].data<int32_t>();
-  const int64_t N = (*inputs)[0].shape[0], M = (*inputs)[1].shape[0], n = (*inputs)[2].shape[0] - 1;
-  for (int64_t j = 0; j < M; ++j) table[cand[j]] = static_cast<int32_t>(N + j);
-  for (int64_t i = 0; i < N; ++i) table[ids[i]] = static_cast<int32_t>(i);   // positives overwrite draws
-  counts[0] = counts[1] = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    keep[i] = ids[i] < n && table[ids[i]] == i;
-    counts[0] += keep[i];
-  }
-  for (int64_t j = 0; j < M; ++j) {
-    keep[N + j] = table[cand[j]] == N + j;
-    counts[1] += keep[N + j];
-  }
-  return MX_SUCCESS;
-}
-
-// pfc_sample_choose. Inputs: local_ids (N), candidates (M), keep (N + M) from
-// pfc_sample_dedup, table [mutated]. Attrs: num_neg, size (= kept labels + num_neg).
-// Outputs: index (size) the kept labels and the first num_neg kept draws, sorted;
-// target (N) = the column of each row's label in index (meaningless for other ranks').
-MXReturnValue sample_choose(const std::unordered_map<std::string, std::string>& attrs,
-                            std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
-                            const OpResource& res) {
-  const int32_t* ids = (*inputs)[0].data<int32_t>();
-  const int32_t* cand = (*inputs)[1].data<int32_t>();
-  const int32_t* keep = (*inputs)[2].data<int32_t>();
-  int32_t* table = (*inputs)[3].data<int32_t>();
-  int32_t* index = (*outputs)[0].data<int32_t>();
-  int32_t* target = (*outputs)[1].data<int32_t>();
-  const int64_t N = (*inputs)[0].shape[0], M = (*inputs)[1].shape[0], S = (*outputs)[0].shape[0];
-  int64_t num_neg = std::stol(attrs.at("num_neg")), k = 0;
-  for (int64_t i = 0; i < N && k < S; ++i)
-    if (keep[i]) index[k++] = ids[i];
-  for (int64_t j = 0; j < M && k < S && num_neg > 0; ++j)
-    if (keep[N + j]) { index[k++] = cand[j]; --num_neg; }
-  if (!check(k == S, "pfc_sample_choose", "fewer kept labels and draws than the size asked for")) return MX_FAIL;
-  std::sort(index, index + S);
-  for (int64_t c = 0; c < S; ++c) table[index[c]] = static_cast<int32_t>(c);
-  for (int64_t i = 0; i < N; ++i) target[i] = table[ids[i]];
-  return MX_SUCCESS;
-}
-
 // ------------------------------------------------- blocked logits and center step
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 constexpr int64_t kBlockRows = 256;   // centers per block: 256 x D floats (D = 512: 512 KB) stay near the core
@@ -548,45 +486,6 @@ MXReturnValue mutate_weight_mom(const std::unordered_map<std::string, std::strin
 }
 
 
-MXReturnValue dedup_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
-  *n_in = 3; *n_out = 2; return MX_SUCCESS;
-}
-MXReturnValue choose_attrs(const std::unordered_map<std::string, std::string>& attrs, int* n_in, int* n_out) {
-  *n_in = 4; *n_out = 2;
-  return check(attrs.count("num_neg") && attrs.count("size"), "pfc_sample_choose", "needs num_neg and size")
-      ? MX_SUCCESS : MX_FAIL;
-}
-MXReturnValue int32_types(const std::unordered_map<std::string, std::string>&,
-                          std::vector<int>* in, std::vector<int>* out) {
-  for (int t : *in)
-    if (!check(t == kInt32, "pfc_sample", "needs int32 ids, draws, flags and table")) return MX_FAIL;
-  for (auto& t : *out) t = kInt32;
-  return MX_SUCCESS;
-}
-MXReturnValue dedup_shapes(const std::unordered_map<std::string, std::string>&,
-                           std::vector<std::vector<unsigned int>>* in,
-                           std::vector<std::vector<unsigned int>>* out) {
-  if (!check((*in)[0].size() == 1 && (*in)[1].size() == 1 && (*in)[2].size() == 1, "pfc_sample_dedup",
-             "needs local_ids (N,), candidates (M,), table (n + 1,)")) return MX_FAIL;
-  (*out)[0] = {(*in)[0][0] + (*in)[1][0]}; (*out)[1] = {2}; return MX_SUCCESS;
-}
-MXReturnValue choose_shapes(const std::unordered_map<std::string, std::string>& attrs,
-                            std::vector<std::vector<unsigned int>>* in,
-                            std::vector<std::vector<unsigned int>>* out) {
-  if (!check((*in)[0].size() == 1 && (*in)[1].size() == 1 &&
-             (*in)[2] == std::vector<unsigned int>{(*in)[0][0] + (*in)[1][0]} && (*in)[3].size() == 1,
-             "pfc_sample_choose", "needs local_ids (N,), candidates (M,), keep (N + M,), table (n + 1,)"))
-    return MX_FAIL;
-  (*out)[0] = {static_cast<unsigned int>(std::stoul(attrs.at("size")))}; (*out)[1] = {(*in)[0][0]};
-  return MX_SUCCESS;
-}
-MXReturnValue mutate_table_dedup(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
-  idx->push_back(2); return MX_SUCCESS;
-}
-MXReturnValue mutate_table_choose(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
-  idx->push_back(3); return MX_SUCCESS;
-}
-
 MXReturnValue logits_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
   *n_in = 3; *n_out = 2; return MX_SUCCESS;
 }
@@ -649,14 +548,6 @@ REGISTER_OP(pfc_softmax_grad)
 REGISTER_OP(pfc_sgd_rows)
 .setForward(sgd_rows, "cpu").setParseAttrs(sgd_attrs)
 .setInferType(sgd_types).setInferShape(sgd_shapes).setMutateInputs(mutate_weight_mom);
-
-REGISTER_OP(pfc_sample_dedup)
-.setForward(sample_dedup, "cpu").setParseAttrs(dedup_attrs)
-.setInferType(int32_types).setInferShape(dedup_shapes).setMutateInputs(mutate_table_dedup);
-
-REGISTER_OP(pfc_sample_choose)
-.setForward(sample_choose, "cpu").setParseAttrs(choose_attrs)
-.setInferType(int32_types).setInferShape(choose_shapes).setMutateInputs(mutate_table_choose);
 
 REGISTER_OP(pfc_logits)
 .setForward(logits, "cpu").setParseAttrs(logits_attrs)
