@@ -100,8 +100,8 @@ class CenterSampler:
     read it back, and the draw that reads its own position survives. The
     chosen ids come out sorted from a persistent mark per class, without a
     sort. The work per step is O(draws + N) plus a scan of one byte per local
-    class; the tables are never cleared because only slots written in the same
-    step are read. The draws come from MXNet's generator on the head's context
+    class; the slot table is never cleared because only slots written in the
+    same step are read, and the marks are unset as they are read. The draws come from MXNet's generator on the head's context
     (seeding.py owns its seeding); the rest is numpy: a few hundred
     microseconds at 50,000 local classes, where device operators cost a
     dispatch each and a host sync to learn the sampled count.

@@ -78,8 +78,8 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
     if full:
         draws, table = 0, 0                      # every local class: no tables
     else:
-        # candidates drawn with replacement (int32 draws and their keys); the sampler's host
-        # tables: an int32 slot and a one-byte mark per local class
+        # candidates drawn with replacement (the int32 draws and their copy on the host); the
+        # sampler's host tables: an int32 slot and a one-byte mark per local class
         draws = expected_draws(num_local, num_sample) + n
         table = (num_local + 1) * 4 + num_local
     # the center gradient, and the gathered centers unless every center is used (then read in place)

@@ -34,7 +34,6 @@
 // The math is in docs/DESIGN.md section 2 and partial_fc.py (the margin: margin.py);
 // these only fuse it.
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
