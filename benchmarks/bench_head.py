@@ -96,6 +96,7 @@ def main(argv=None):
     if rank != 0:
         return
     step_s = max(row[0] for row in table)        # the slowest rank sets the pace
+    model = head_memory(args.num_classes, world, D, args.sample_rate, B)
     floor_s = max(row[1] for row in table)
     result = {
         "world": world, "num_classes": args.num_classes, "sample_rate": args.sample_rate,
@@ -105,8 +106,9 @@ def main(argv=None):
         "samples_per_s": round(N / step_s, 1), "samples_per_s_per_rank": round(B / step_s, 1),
         "peak_rss_mb": [round(row[2]) for row in table],   # after the warm-up steps, head only
         "bank_mb_per_rank": [round(row[4] * D * 4 * 2 / 2 ** 20) for row in table],
-        # mxnet_pfc.plan's prediction of the head's own memory on the largest shard
-        "model_head_mb": round(head_memory(args.num_classes, world, D, args.sample_rate, B).total / 2 ** 20),
+        # mxnet_pfc.plan's prediction of the head's own memory on the largest shard (on a CPU rank
+        # the device and the host are one memory)
+        "model_head_mb": round((model.total + model.host) / 2 ** 20),
     }
     print("rank  step ms  matmuls ms  ratio  sampled  local centers  peak RSS MB")
     for r, (h, f, mem, ns, nl) in enumerate(table):

@@ -4,10 +4,10 @@
     python -m mxnet_pfc.plan --published
 
 The model counts the head's own arrays on one rank (the rank with the most
-classes), as mxnet_pfc.partial_fc allocates them:
+classes), as mxnet_pfc.partial_fc allocates them. On the device (what must
+fit in --device-memory):
 
   centers, momentum   num_local x D, in the storage dtype (float32 here)
-  sampler table       num_local + 1 int32 slots (none at sample rate 1)
   sampled buffers     S gathered centers and their gradient (S x D float32 each)
                       on the MXNet-op path (GPU; the fused CPU kernels take
                       the centers in cache-sized blocks and need neither),
@@ -16,6 +16,10 @@ classes), as mxnet_pfc.partial_fc allocates them:
                       is written over them in place
   gradients           N x D float32 four times: gathered embeddings, normalised
                       ones, their gradient and its allreduce
+
+and in host memory, the sampler's tables: an int32 slot (num_local + 1) and a
+one-byte mark per local class, and the draws copied from the device (none at
+sample rate 1). On a CPU rank host and device are the same memory.
 
 S = max(int(rate x num_local), the global batch's positives <= N). The
 backbone, its activations and the framework's own memory are not in it: pass
@@ -44,27 +48,27 @@ PUBLISHED = [
 
 @dataclass(frozen=True)
 class HeadMemory:
-    """Bytes per rank of each part of the head."""
+    """Bytes per rank of each part of the head: `total` on the device, `host` beside it."""
     num_local: int
     num_sample: int
     centers: int
     momentum: int
-    sampler_table: int
     sampled: int
     logits: int
     gradients: int
     held_gradients: int = 0     # gradient accumulation: MemoryBank.hold's buffers and what update takes
+    host: int = 0               # the sampler's tables and its draws' host copies
 
     @property
     def total(self) -> int:
-        return (self.centers + self.momentum + self.sampler_table + self.sampled + self.logits
-                + self.gradients + self.held_gradients)
+        """Device bytes: what has to fit beside the backbone."""
+        return self.centers + self.momentum + self.sampled + self.logits + self.gradients + self.held_gradients
 
     def rows(self) -> "list[tuple[str, int]]":
         held = [("held gradients", self.held_gradients)] if self.held_gradients else []
-        return [("centers", self.centers), ("momentum", self.momentum), ("sampler table", self.sampler_table),
-                ("sampled buffers", self.sampled), ("logits", self.logits), ("embedding gradients", self.gradients),
-                *held, ("head total", self.total)]
+        return [("centers", self.centers), ("momentum", self.momentum), ("sampled buffers", self.sampled),
+                ("logits", self.logits), ("embedding gradients", self.gradients), *held,
+                ("head total (device)", self.total), ("sampler (host)", self.host)]
 
 
 def head_memory(classes: int, world: int, embedding: int, rate: float, batch: int,
@@ -76,27 +80,30 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
     num_sample = max_sampled_centers(num_local, rate, n)
     bank = num_local * embedding * DTYPE_BYTES[dtype]
     if full:
-        draws, table = 0, 0                      # every local class: no tables
+        draws, host = 0, 0                       # every local class: no draws, no tables
     else:
-        # candidates drawn with replacement (the int32 draws and their copy on the host); the
-        # sampler's host tables: an int32 slot and a one-byte mark per local class
+        # candidates drawn with replacement: int32 on the device, then on the host as int32 and
+        # int64 with their int64 positions; the host tables: an int32 slot and a one-byte mark
+        # per local class
         draws = expected_draws(num_local, num_sample) + n
-        table = (num_local + 1) * 4 + num_local
+        host = (num_local + 1) * 4 + num_local + draws * (4 + 8 + 8)
     # the center gradient, and the gathered centers unless every center is used (then read in place)
-    sampled = num_sample * embedding * 4 * (1 if full else 2) + num_sample * 4 * 3 + draws * 4 * 2
+    sampled = num_sample * embedding * 4 * (1 if full else 2) + num_sample * 4 * 3 + draws * 4
     held = 0
     if grad_accum > 1:      # summed gradient and radial term of every row, a used flag; the union's rows taken
         union = min(num_local, grad_accum * num_sample)
         held = num_local * (embedding + 2) * 4 + union * (embedding * 2 + 2) * 4
-    return HeadMemory(num_local, num_sample, centers=bank, momentum=bank, sampler_table=table, sampled=sampled,
-                      logits=n * num_sample * 4, gradients=n * embedding * 4 * 4, held_gradients=held)
+    return HeadMemory(num_local, num_sample, centers=bank, momentum=bank, sampled=sampled,
+                      logits=n * num_sample * 4, gradients=n * embedding * 4 * 4, held_gradients=held, host=host)
 
 
 def largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum=1) -> "float | None":
-    """The largest sample rate (to 0.001) whose head fits in `budget` bytes; None if none does."""
+    """The largest sample rate below 1 (to 0.001) whose head fits in `budget` device bytes; None if none does.
+
+    Rate 1 is not on the same scale: every center is used and read in place, with
+    no gathered copy, so it can fit where 0.9 does not. Ask `fits_full` for it.
+    """
     fits = lambda r: head_memory(classes, world, embedding, r, batch, dtype, grad_accum).total <= budget  # noqa: E731
-    if fits(1.0):
-        return 1.0
     if not fits(0.0):
         return None
     low, high = 0, 1000
@@ -106,8 +113,13 @@ def largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum=1) 
     return low / 1000
 
 
+def fits_full(classes, world, embedding, batch, dtype, budget, grad_accum=1) -> bool:
+    """Whether the head at sample rate 1 (every center, no sampling) fits in `budget` device bytes."""
+    return head_memory(classes, world, embedding, 1.0, batch, dtype, grad_accum).total <= budget
+
+
 def largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum=1) -> int:
-    """The largest per-rank batch whose head fits in `budget` bytes (0 if not even 1)."""
+    """The largest per-rank batch whose head fits in `budget` device bytes (0 if not even 1)."""
     fits = lambda b: head_memory(classes, world, embedding, rate, b, dtype, grad_accum).total <= budget  # noqa: E731
     if not fits(1):
         return 0
@@ -135,8 +147,11 @@ def report(what: str, classes: int, world: int, embedding: int, rate: float, bat
                      f"{budget / GIB:.2f} GiB for the head: {verdict}")
         rate_max = largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum)
         batch_max = largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum)
-        lines.append("  largest sample rate at this batch: "
+        full = fits_full(classes, world, embedding, batch, dtype, budget, grad_accum)
+        lines.append("  largest sample rate below 1 at this batch: "
                      + ("none (the centers alone do not fit)" if rate_max is None else f"{rate_max:g}"))
+        lines.append("  sample rate 1 at this batch: " + (
+            "fits (every center is used and read in place: no gathered copy)" if full else "does not fit"))
         lines.append(f"  largest batch per rank at this rate: {batch_max:,}" if batch_max else
                      "  largest batch per rank at this rate: none")
     return "\n".join(lines)

@@ -8,7 +8,8 @@ import pytest
 
 from launch import REPO, rank_env
 from mxnet_pfc import CombinedMarginLoss, PartialFC
-from mxnet_pfc.plan import GIB, head_memory, largest_batch, largest_rate
+from mxnet_pfc.partial_fc import expected_draws
+from mxnet_pfc.plan import GIB, fits_full, head_memory, largest_batch, largest_rate
 
 
 @pytest.mark.parametrize("rate", [0.1, 1.0])
@@ -20,8 +21,11 @@ def test_model_counts_what_the_head_allocates(rate):
     model = head_memory(classes, 1, dim, rate, batch)
     assert model.num_sample == head.sampled_index.shape[0]
     assert model.centers == head.bank.weight.size * 4 and model.momentum == head.bank.weight_mom.size * 4
+    # The sampler's tables live on the host, beside the draws copied there; none of it is device memory.
     tables = (head.sampler._table.nbytes + head.sampler._chosen.nbytes) if rate < 1 else 0
-    assert model.sampler_table == tables
+    draws = expected_draws(head.bank.num_local, model.num_sample) + batch if rate < 1 else 0
+    assert model.host == tables + draws * (4 + 8 + 8)
+    assert model.total == model.centers + model.momentum + model.sampled + model.logits + model.gradients
     logits = head.workspace._flat["logits"]
     assert model.logits == logits.size * 4
     # The fused CPU kernels take the centers in cache-sized blocks: no S x D buffer at all. The
@@ -63,12 +67,26 @@ def test_largest_rate_and_batch_are_the_edges_of_what_fits():
     assert largest_rate(10_000_000, 8, 512, 128, "float32", GIB) is None      # centers alone exceed 1 GiB
 
 
+def test_rate_one_is_reported_apart_from_the_sampled_rates():
+    # 29M identities on 8 x 32 GB, 4 GB reserve, batch 64: every center read in place fits, while
+    # rate 0.9 (gathered copy and gradient, 2 x S x D) does not. "Largest rate 1" would say 0.9 fits.
+    budget = 28 * GIB
+    assert fits_full(29_000_000, 8, 512, 64, "float32", budget)
+    assert head_memory(29_000_000, 8, 512, 0.9, 64).total > budget
+    rate = largest_rate(29_000_000, 8, 512, 64, "float32", budget)
+    assert rate < 1
+    assert head_memory(29_000_000, 8, 512, rate, 64).total <= budget < head_memory(29_000_000, 8, 512,
+                                                                                   rate + 0.001, 64).total
+    assert not fits_full(10_000_000, 8, 512, 64, "float32", 7 * GIB)
+
+
 def test_command_prints_the_published_settings_and_has_help():
     run = lambda *a: subprocess.run([sys.executable, "-m", "mxnet_pfc.plan", *a], cwd=REPO, env=rank_env(),  # noqa: E731
                                     capture_output=True, text=True, timeout=120)
-    out = run("--published", "--reserve", "4")
+    out = run("--published", "--reserve", "4", "--batch", "64")
     assert out.returncode == 0, out.stderr
-    for what in ("10M identities on 8 RTX 2080 Ti", "100M identities on 64 RTX 2080 Ti", "largest sample rate"):
+    for what in ("10M identities on 8 RTX 2080 Ti", "100M identities on 64 RTX 2080 Ti",
+                 "largest sample rate below 1", "sample rate 1 at this batch: fits", "sampler (host)"):
         assert what in out.stdout
     assert run("--help").returncode == 0
     bad = run("--sample-rate", "0")
