@@ -8,7 +8,6 @@ import pytest
 
 from launch import REPO, rank_env
 from mxnet_pfc import CombinedMarginLoss, PartialFC
-from mxnet_pfc.partial_fc import expected_draws
 from mxnet_pfc.plan import GIB, fits_full, head_memory, largest_batch, largest_rate
 
 
@@ -21,9 +20,10 @@ def test_model_counts_what_the_head_allocates(rate):
     model = head_memory(classes, 1, dim, rate, batch)
     assert model.num_sample == head.sampled_index.shape[0]
     assert model.centers == head.bank.weight.size * 4 and model.momentum == head.bank.weight_mom.size * 4
-    # The sampler's tables live on the host, beside the draws copied there; none of it is device memory.
+    # The sampler's tables live on the host, beside the draws copied there (the model allows one
+    # more per row of the batch); none of it is device memory.
     tables = (head.sampler._table.nbytes + head.sampler._chosen.nbytes) if rate < 1 else 0
-    draws = expected_draws(head.bank.num_local, model.num_sample) + batch if rate < 1 else 0
+    draws = head.sampler.num_draws + batch if rate < 1 else 0
     assert model.host == tables + draws * (4 + 8 + 8)
     assert model.total == model.centers + model.momentum + model.sampled + model.logits + model.gradients
     logits = head.workspace._flat["logits"]
