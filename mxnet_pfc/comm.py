@@ -134,9 +134,18 @@ def gather_rows(row: "list[float]") -> "list[list[float]]":
 
 
 def broadcast_parameters(params: "dict[str, mx.nd.NDArray]", root_rank: int = 0) -> None:
-    """Overwrite every rank's NDArrays in `params` with root_rank's, in place."""
-    if _hvd is not None and params:
-        _hvd.broadcast_parameters(params, root_rank=root_rank)
+    """Overwrite every rank's NDArrays in `params` with root_rank's, in place, one at a time.
+
+    Each broadcast finishes before the next is pushed. Horovod 0.28's own
+    broadcast_parameters pushes them all and returns without waiting; under
+    mpirun, rank 0 of the trainer twice died in that loop with a corrupted
+    heap (2 of ~100 starts, only inside the full test suite).
+    """
+    if _hvd is None:
+        return
+    for name, tensor in sorted(params.items()):
+        _hvd.broadcast_(tensor, root_rank, name=f"parameter.{name}")
+        tensor.wait_to_read()
 
 
 def distributed_optimizer(optimizer: "mx.optimizer.Optimizer") -> "mx.optimizer.Optimizer":
