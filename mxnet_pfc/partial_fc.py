@@ -101,8 +101,9 @@ class CenterSampler:
     chosen ids come out sorted from a persistent mark per class, without a
     sort. The work per step is O(draws + N) plus a scan of one byte per local
     class; the slot table is never cleared because only slots written in the
-    same step are read, and the marks are unset as they are read. The draws come from MXNet's generator on the head's context
-    (seeding.py owns its seeding); the rest is numpy: a few hundred
+    same step are read, and the marks are unset as they are read. The draws
+    come from MXNet's generator on the head's context (seeding.py owns its
+    seeding); the rest is numpy: a few hundred
     microseconds at 50,000 local classes, where device operators cost a
     dispatch each and a host sync to learn the sampled count.
     """
@@ -113,6 +114,7 @@ class CenterSampler:
         self.ctx = ctx
         self.full = num_sample >= num_local
         self.num_draws = expected_draws(num_local, num_sample)
+        self._all = np.arange(num_local, dtype=np.int32) if self.full else None
         self._table = None if self.full else np.zeros(num_local + 1, dtype=np.int32)
         self._chosen = None if self.full else np.zeros(num_local, dtype=bool)
 
@@ -124,7 +126,7 @@ class CenterSampler:
         """
         local_ids = np.asarray(local_ids, dtype=np.int64)
         if self.full:
-            return np.arange(self.num_local, dtype=np.int32), local_ids.astype(np.int32)
+            return self._all, local_ids.astype(np.int32)
         N, table, draws = local_ids.shape[0], self._table, self.num_draws
         rows = np.arange(N)
         for _attempt in range(20):

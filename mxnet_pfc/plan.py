@@ -97,38 +97,38 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
                       logits=n * num_sample * 4, gradients=n * embedding * 4 * 4, held_gradients=held, host=host)
 
 
+def fits(classes, world, embedding, rate, batch, dtype, budget, grad_accum=1) -> bool:
+    """Whether the head's device bytes at this rate and per-rank batch fit in `budget`."""
+    return head_memory(classes, world, embedding, rate, batch, dtype, grad_accum).total <= budget
+
+
 def largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum=1) -> "float | None":
     """The largest sample rate below 1 (to 0.001) whose head fits in `budget` device bytes; None if none does.
 
     Rate 1 is not on the same scale: every center is used and read in place, with
-    no gathered copy, so it can fit where 0.9 does not. Ask `fits_full` for it.
+    no gathered copy, so it can fit where 0.9 does not. Ask `fits` at rate 1 for it.
     """
-    fits = lambda r: head_memory(classes, world, embedding, r, batch, dtype, grad_accum).total <= budget  # noqa: E731
-    if not fits(0.0):
+    fits_at = lambda r: fits(classes, world, embedding, r, batch, dtype, budget, grad_accum)  # noqa: E731
+    if not fits_at(0.0):
         return None
     low, high = 0, 1000
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid / 1000) else (low, mid)
+        low, high = (mid, high) if fits_at(mid / 1000) else (low, mid)
     return low / 1000
-
-
-def fits_full(classes, world, embedding, batch, dtype, budget, grad_accum=1) -> bool:
-    """Whether the head at sample rate 1 (every center, no sampling) fits in `budget` device bytes."""
-    return head_memory(classes, world, embedding, 1.0, batch, dtype, grad_accum).total <= budget
 
 
 def largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum=1) -> int:
     """The largest per-rank batch whose head fits in `budget` device bytes (0 if not even 1)."""
-    fits = lambda b: head_memory(classes, world, embedding, rate, b, dtype, grad_accum).total <= budget  # noqa: E731
-    if not fits(1):
+    fits_at = lambda b: fits(classes, world, embedding, rate, b, dtype, budget, grad_accum)  # noqa: E731
+    if not fits_at(1):
         return 0
     low, high = 1, 2
-    while fits(high) and high < 2 ** 24:
+    while fits_at(high) and high < 2 ** 24:
         low, high = high, high * 2
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
+        low, high = (mid, high) if fits_at(mid) else (low, mid)
     return low
 
 
@@ -147,7 +147,7 @@ def report(what: str, classes: int, world: int, embedding: int, rate: float, bat
                      f"{budget / GIB:.2f} GiB for the head: {verdict}")
         rate_max = largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum)
         batch_max = largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum)
-        full = fits_full(classes, world, embedding, batch, dtype, budget, grad_accum)
+        full = fits(classes, world, embedding, 1.0, batch, dtype, budget, grad_accum)
         lines.append("  largest sample rate below 1 at this batch: "
                      + ("none (the centers alone do not fit)" if rate_max is None else f"{rate_max:g}"))
         lines.append("  sample rate 1 at this batch: " + (

@@ -8,7 +8,7 @@ import pytest
 
 from launch import REPO, rank_env
 from mxnet_pfc import CombinedMarginLoss, PartialFC
-from mxnet_pfc.plan import GIB, fits_full, head_memory, largest_batch, largest_rate
+from mxnet_pfc.plan import GIB, fits, head_memory, largest_batch, largest_rate
 
 
 @pytest.mark.parametrize("rate", [0.1, 1.0])
@@ -71,13 +71,13 @@ def test_rate_one_is_reported_apart_from_the_sampled_rates():
     # 29M identities on 8 x 32 GB, 4 GB reserve, batch 64: every center read in place fits, while
     # rate 0.9 (gathered copy and gradient, 2 x S x D) does not. "Largest rate 1" would say 0.9 fits.
     budget = 28 * GIB
-    assert fits_full(29_000_000, 8, 512, 64, "float32", budget)
+    assert fits(29_000_000, 8, 512, 1.0, 64, "float32", budget)
     assert head_memory(29_000_000, 8, 512, 0.9, 64).total > budget
     rate = largest_rate(29_000_000, 8, 512, 64, "float32", budget)
     assert rate < 1
     assert head_memory(29_000_000, 8, 512, rate, 64).total <= budget < head_memory(29_000_000, 8, 512,
                                                                                    rate + 0.001, 64).total
-    assert not fits_full(10_000_000, 8, 512, 64, "float32", 7 * GIB)
+    assert not fits(10_000_000, 8, 512, 1.0, 64, "float32", 7 * GIB)
 
 
 def test_command_prints_the_published_settings_and_has_help():
