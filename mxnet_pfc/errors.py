@@ -21,3 +21,18 @@ class CheckpointError(PfcError, ValueError):
     Defined here because both the checkpoint folder (checkpoint.py) and the
     memory bank's shards in it (memory_bank.py) raise it.
     """
+
+
+def mxnet_reason(error: BaseException) -> str:
+    """The line of an error that says what failed.
+
+    MXNet 1.9's messages start with "Traceback (most recent call last):" and the
+    C++ file, and end with "MXNetError: <what failed>": keep that last part.
+    """
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    for line in reversed(lines):
+        if line.startswith("MXNetError:"):
+            return line[len("MXNetError:"):].strip()
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
