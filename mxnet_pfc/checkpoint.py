@@ -1,20 +1,28 @@
 """Training checkpoints: everything needed to continue a run exactly, written atomically.
 
-One folder per checkpoint, OUTPUT/checkpoints/step-00001000/:
+One folder per checkpoint, OUTPUT/checkpoints/ckpt-000007-step-00001000/ (the
+7th checkpoint written in this folder, at step 1000 of the run that wrote it):
 
     model-symbol.json, model-0000.params     rank 0's backbone (arg:/aux: keys, MXNet's format)
     model-average-symbol.json, -0000.params  the same with parameters averaged over ranks
                                              (BatchNorm statistics are per rank)
-    optimizer.states                         the backbone's SGD state (momentum), rank 0's;
-                                             every rank holds the same one
+    optimizer-states.params                  the backbone's SGD state (momentum), rank 0's, as
+                                             named arrays in MXNet's format; every rank holds the same
     aux-rank00001.params                     each rank's own BatchNorm statistics
     centers-rank00001.npy, momentum-rank00001.npy
                                              each rank's class centers and their momentum,
                                              rows [class_start, class_start + num_local)
-    state.json                               step, epoch, shards, schedule, configuration;
-                                             written last
+    state.json                               sequence, step, samples seen, epoch, shards, schedule,
+                                             configuration; written last
 
-Every rank writes into step-00001000.tmp/; when all files are there rank 0
+Checkpoints are ordered by the sequence number (the order they were written),
+never by step: a larger global batch (an elastic grow, a larger --batch_size
+on resume) renumbers steps downwards, so step labels neither order nor name
+checkpoints uniquely. Format-1 folders (step-NNNNNNNN, a pickled
+optimizer.states) still load; their pickle is read by a loader that builds
+arrays and refuses anything else, since unpickling can run code.
+
+Every rank writes into the folder's .tmp twin; when all files are there rank 0
 writes state.json and renames the folder. A folder without .tmp in its name
 is therefore complete; a crash while saving leaves only a .tmp folder, which
 loading ignores and the next save removes.
@@ -30,6 +38,7 @@ import errno
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import time
@@ -39,18 +48,22 @@ from dataclasses import dataclass
 import mxnet as mx
 
 from . import comm
-from .errors import CheckpointError
+from .errors import CheckpointError, mxnet_reason
 from .files import write_json
 from .memory_bank import MemoryBank, shard_files
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
+FORMAT_VERSION = 2            # 2: optimizer-states.params (arrays only); 1: MXNet's pickled optimizer.states
+READABLE_FORMATS = (1, 2)
+OPTIMIZER_FILE = "optimizer-states.params"          # MXNet's array format: no code can be in it
+LEGACY_OPTIMIZER_FILE = "optimizer.states"          # format 1: a pickle, read only through _ArraysOnlyUnpickler
+_FOLDER = re.compile(r"^ckpt-(\d{6,})-step-(\d{8,})$")
+_LEGACY_FOLDER = re.compile(r"^step-(\d{8})$")     # format 1 named folders by step alone
 
 
-__all__ = ["CheckpointError", "BackboneSnapshot", "take_snapshot", "save", "locate", "read_state", "list_steps",
-           "step_dir", "check_compatible", "check_params", "load_backbone", "resume_position"]
+__all__ = ["CheckpointError", "BackboneSnapshot", "Saved", "take_snapshot", "save", "locate", "read_state",
+           "list_checkpoints", "latest", "check_compatible", "check_params", "load_backbone", "resume_position"]
 
 
 def aux_file(folder: str, rank: int) -> str:
@@ -58,48 +71,124 @@ def aux_file(folder: str, rank: int) -> str:
     return os.path.join(folder, f"aux-rank{rank:05d}.params")
 
 
-def step_dir(root: str, step: int) -> str:
-    return os.path.join(root, f"step-{step:08d}")
+def folder_name(sequence: int, step: int) -> str:
+    """A checkpoint's folder: its place in the output folder's history, then its step label.
+
+    Step labels are not unique over a run's history (a larger global batch after
+    an elastic grow or a changed --batch_size renumbers steps downwards); the
+    sequence number is, and it orders checkpoints by when they were written.
+    """
+    return f"ckpt-{sequence:06d}-step-{step:08d}"
 
 
-def list_steps(root: str) -> "list[int]":
-    """Steps of the complete checkpoints under root, ascending."""
-    if not os.path.isdir(root):
-        return []
-    steps = []
-    for name in os.listdir(root):
-        match = _STEP_DIR.match(name)
-        if match and os.path.exists(os.path.join(root, name, "state.json")):
-            steps.append(int(match.group(1)))
-    return sorted(steps)
+@dataclass(frozen=True)
+class Saved:
+    """A complete checkpoint under OUTPUT/checkpoints, and what it holds."""
+    path: str
+    sequence: int               # 1, 2, ... in the order written (0 for format-1 folders)
+    step: int                   # the step label of the run that wrote it
+    samples_seen: "int | None"  # samples trained over the run's whole history (None: state.json unreadable)
+    world_size: "int | None"
+
+    def describe(self) -> str:
+        held = (f"{self.samples_seen:,} samples seen, step {self.step} on {self.world_size} rank(s)"
+                if self.samples_seen is not None else f"step {self.step}, state.json unreadable")
+        return f"{os.path.basename(self.path)} ({held})"
 
 
-def locate(root: str, which: str) -> str:
-    """The checkpoint folder for --resume: 'latest', a step number, or a folder path."""
-    if which == "latest":
-        steps = list_steps(root)
-        if not steps:
-            raise CheckpointError(f"--resume latest: no complete checkpoint in {root}")
-        return step_dir(root, steps[-1])
-    if which.isdigit():
-        path = step_dir(root, int(which))
-        if not os.path.exists(os.path.join(path, "state.json")):
-            raise CheckpointError(f"--resume {which}: no complete checkpoint at step {int(which)} in {root} "
-                                  f"(complete: {', '.join(map(str, list_steps(root))) or 'none'})")
-        return path
-    if not os.path.exists(os.path.join(which, "state.json")):
-        raise CheckpointError(f"--resume {which}: not a complete checkpoint folder (no state.json)")
-    return which
-
-
-def read_state(path: str) -> dict:
+def _saved(root: str, name: str) -> "Saved | None":
+    """The checkpoint in folder `name` of root, or None if it is not a complete one."""
+    match, legacy = _FOLDER.match(name), _LEGACY_FOLDER.match(name)
+    path = os.path.join(root, name)
+    if not (match or legacy) or not os.path.isfile(os.path.join(path, "state.json")):
+        return None
+    sequence, step = (int(match.group(1)), int(match.group(2))) if match else (0, int(legacy.group(1)))
     try:
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
+        samples = state.get("samples_seen", state["step"] * state["global_batch"])
+        world = state["world_size"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (samples, world)):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        samples, world = None, None
+    return Saved(path, sequence, step, samples, world)
+
+
+def list_checkpoints(root: str) -> "list[Saved]":
+    """The complete checkpoints under root, oldest first: by the order they were written.
+
+    Format-1 folders (step-NNNNNNNN, no sequence) come before every newer one, in
+    the order of the samples they hold. Never by step label alone.
+    """
+    if not os.path.isdir(root):
+        return []
+    found = [saved for saved in (_saved(root, name) for name in os.listdir(root)) if saved is not None]
+    return sorted(found, key=lambda c: (c.sequence, c.samples_seen if c.samples_seen is not None else -1, c.step))
+
+
+def latest(root: str) -> "Saved | None":
+    """The checkpoint written last under root, or None."""
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def locate(root: str, which: str) -> str:
+    """The checkpoint folder for --resume: 'latest', a step label, a folder name under root, or a folder path."""
+    found = list_checkpoints(root)
+    if which == "latest":
+        if not found:
+            raise CheckpointError(f"--resume latest: no complete checkpoint in {root}")
+        return found[-1].path
+    if which.isdigit():
+        same = [c for c in found if c.step == int(which)]
+        if len(same) == 1:
+            return same[0].path
+        if not same:
+            raise CheckpointError(f"--resume {which}: no complete checkpoint at step {int(which)} in {root} "
+                                  f"(complete: {', '.join(c.describe() for c in found) or 'none'})")
+        raise CheckpointError(f"--resume {which}: {len(same)} checkpoints in {root} are labelled step {int(which)} "
+                              f"(the step size changed between them): {'; '.join(c.describe() for c in same)}. "
+                              f"Name one: --resume {same[-1].path}")
+    for candidate in (which, os.path.join(root, which)):
+        if os.path.isfile(os.path.join(candidate, "state.json")):
+            return candidate
+    raise CheckpointError(f"--resume {which}: not a complete checkpoint folder (no state.json)")
+
+
+_STATE_FIELDS = {        # field: (type, smallest value) of what a resume reads from state.json
+    "step": (int, 0), "world_size": (int, 1), "num_classes": (int, 1), "embedding_size": (int, 1),
+    "global_batch": (int, 1), "steps_per_epoch": (int, 1), "max_update": (int, 1), "network": (str, None),
+    "shards": (list, None), "config": (dict, None),
+}
+
+
+def read_state(path: str) -> dict:
+    """state.json of the checkpoint in `path`, its fields checked: a message names a missing or wrong one."""
+    file = os.path.join(path, "state.json")
+    try:
+        with open(file) as f:
+            state = json.load(f)
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path}: cannot read state.json: {error}") from None
-    if state.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {state.get('format')}, this version reads {FORMAT_VERSION}")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: not a JSON object")
+    if state.get("format") not in READABLE_FORMATS:
+        raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, this version reads "
+                              f"{', '.join(map(str, READABLE_FORMATS))}")
+    fields = dict(_STATE_FIELDS, **({"samples_seen": (int, 0)} if "samples_seen" in state else {}))
+    for name, (kind, least) in fields.items():
+        value = state.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool) or (least is not None and value < least):
+            wanted = kind.__name__ + (f" >= {least}" if least is not None else "")
+            raise CheckpointError(f"{file}: field {name!r} is {value!r} (missing or damaged; expected {wanted})")
+    shards = state["shards"]
+    if (len(shards) != state["world_size"]
+            or not all(isinstance(s, list) and len(s) == 2 and all(type(v) is int and v >= 0 for v in s)
+                       for s in shards)
+            or sum(s[1] for s in shards) != state["num_classes"]):
+        raise CheckpointError(f"{file}: field 'shards' does not split {state['num_classes']} classes over "
+                              f"{state['world_size']} ranks: {str(shards)[:200]}")
     return state
 
 
@@ -172,14 +261,19 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
     published: its partial folder is removed.
     """
     rank, world = comm.rank(), comm.size()
-    final = step_dir(root, step)
+    with comm.fail_together(f"preparing the checkpoint of step {step} in {root}"):
+        sequence = 0
+        if rank == 0:
+            os.makedirs(root, exist_ok=True)
+            for stale in os.listdir(root):        # crashed saves
+                if stale.endswith(".tmp"):
+                    shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+            sequence = 1 + max((c.sequence for c in list_checkpoints(root)), default=0)
+    sequence = int(comm.gather_rows([sequence])[0][0])        # rank 0's, on every rank
+    final = os.path.join(root, folder_name(sequence, step))
     tmp = final + ".tmp"
     with comm.fail_together(f"preparing checkpoint {tmp}"):
         if rank == 0:
-            os.makedirs(root, exist_ok=True)
-            for stale in os.listdir(root):        # crashed saves, and a stale copy of this one
-                if stale.endswith(".tmp") or stale == os.path.basename(final):
-                    shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
             os.makedirs(tmp)
     started = time.time()
     backbone = backbone or take_snapshot(module)
@@ -197,9 +291,9 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
             mx.model.save_checkpoint(os.path.join(tmp, "model"), 0, symbol, backbone.arg_params, backbone.aux_params)
             mx.model.save_checkpoint(os.path.join(tmp, "model-average"), 0, symbol, backbone.average_arg,
                                      backbone.average_aux)
-            module.save_optimizer_states(os.path.join(tmp, "optimizer.states"))
+            mx.nd.save(os.path.join(tmp, OPTIMIZER_FILE), module.optimizer_state())
             written += [os.path.join(tmp, name) for name in ("model-0000.params", "model-average-0000.params",
-                                                             "optimizer.states")]
+                                                             OPTIMIZER_FILE)]
         for path in written:
             _fsync(path)
     with _discarded_on_failure(f"publishing checkpoint {final}", tmp, rank, explain):
@@ -210,13 +304,14 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
                 raise CheckpointError(f"rank 0 cannot see {', '.join(missing[:4])} in {tmp}: the output folder "
                                       "must be on a filesystem that every rank shares")
             write_json(os.path.join(tmp, "state.json"), {
-                **state, "format": FORMAT_VERSION, "step": step, "world_size": world,
+                **state, "format": FORMAT_VERSION, "sequence": sequence, "step": step, "world_size": world,
                 "num_classes": bank.num_classes, "embedding_size": bank.embedding_size,
                 "shards": [[int(a), int(b)] for a, b in shards], "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")})
             os.replace(tmp, final)
-            for old in list_steps(root)[:-keep] if keep > 0 else []:
-                shutil.rmtree(step_dir(root, old), ignore_errors=True)
-    log.info(f"checkpoint {final} written in {time.time() - started:.1f} s")
+            for old in list_checkpoints(root)[:-keep] if keep > 0 else []:     # never the one just written
+                shutil.rmtree(old.path, ignore_errors=True)
+    log.info(f"checkpoint {final} written in {time.time() - started:.1f} s "
+             f"({state.get('samples_seen', 0):,} samples seen, step {step} on {world} rank(s))")
     return final
 
 
@@ -250,13 +345,13 @@ def _explain_write_error(error: BaseException, root: str, final: str, rank: int,
     per_rank = bank.nbytes + sum(v.size * 4 for v in backbone.aux_params.values())
     params = sum(v.size * 4 for v in list(backbone.arg_params.values()) + list(backbone.aux_params.values()))
     needed = per_rank + (3 * params if rank == 0 else 0)       # model, model-average, optimizer.states
-    steps = list_steps(root)
-    previous = (f"the previous checkpoint {step_dir(root, steps[-1])} is intact" if steps
+    newest = latest(root)
+    previous = (f"the previous checkpoint {newest.describe()} is intact" if newest
                 else "there is no earlier checkpoint")
     free_text = f"{free / 1e6:.1f} MB free" if free is not None else "free space unknown"
     return CheckpointError(
         f"checkpoint {final} not written: the disk is full ({free_text} on the file system of {root}; this rank "
-        f"writes about {needed / 1e6:.1f} MB per checkpoint; {str(error).splitlines()[0]}). Nothing of it is kept, "
+        f"writes about {needed / 1e6:.1f} MB per checkpoint; {mxnet_reason(error)}). Nothing of it is kept, "
         f"and {previous}: free space (or lower --keep_checkpoints), then continue with --resume latest")
 
 
@@ -274,8 +369,84 @@ def load_backbone(path: str, rank: int, same_world: bool, average: bool = False)
         elif not average:
             _, _, aux_params = mx.model.load_checkpoint(os.path.join(path, "model-average"), 0)
     except (OSError, mx.base.MXNetError) as error:
-        raise CheckpointError(f"{path}: cannot read the backbone: {str(error).splitlines()[0]}") from None
+        raise CheckpointError(f"{path}: cannot read the backbone: {mxnet_reason(error)}") from None
     return arg_params, aux_params
+
+
+class _LegacyArray:
+    """Stands in for mxnet.ndarray.NDArray while a format-1 optimizer.states is unpickled: it takes
+    only what an NDArray's pickle holds (no handle, then {'handle': bytes}) and keeps the bytes."""
+
+    def __init__(self, handle=None):
+        if handle is not None:
+            raise pickle.UnpicklingError("an NDArray built from a handle")
+        self.raw = None
+
+    def __setstate__(self, state):
+        if not (isinstance(state, dict) and set(state) == {"handle"} and isinstance(state["handle"], (bytes, bytearray))):
+            raise pickle.UnpicklingError("an NDArray state that is not its bytes")
+        self.raw = bytes(state["handle"])
+
+    def to_ndarray(self) -> mx.nd.NDArray:
+        array = mx.nd.NDArray(handle=None)
+        array.__setstate__({"handle": self.raw})         # MXNet's own decoder of an array's bytes
+        return array
+
+
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """What MXNet 1.9's Updater.get_states pickles (a dict of index: NDArray, None or a tuple of them),
+    and nothing else: any other global a pickle names (os.system, builtins.eval ...) is refused."""
+    ALLOWED = {("mxnet.ndarray.ndarray", "NDArray"): _LegacyArray, ("builtins", "bytearray"): bytearray}
+
+    def find_class(self, module, name):
+        try:
+            return self.ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: an optimizer state holds only "
+                                         "arrays") from None
+
+
+def _legacy_optimizer_arrays(file: str, param_names: "list[str]") -> "dict[str, mx.nd.NDArray]":
+    """A format-1 optimizer.states as optimizer_state()'s named arrays, read without running its code."""
+    with open(file, "rb") as f:
+        states = _ArraysOnlyUnpickler(f).load()
+    if isinstance(states, tuple) and len(states) == 2:         # (states, optimizer) of get_states(True)
+        raise pickle.UnpicklingError("it holds an optimizer object, not only its states")
+    if not isinstance(states, dict):
+        raise pickle.UnpicklingError(f"a {type(states).__name__}, not a dict of states")
+    arrays = {}
+    for index, state in states.items():
+        if not (isinstance(index, int) and 0 <= index < len(param_names)):
+            raise pickle.UnpicklingError(f"state index {index!r} is not a parameter's")
+        parts = state if isinstance(state, tuple) else (state,)
+        for j, part in enumerate(parts):
+            if part is None:
+                continue
+            if not isinstance(part, _LegacyArray):
+                raise pickle.UnpicklingError(f"state of {param_names[index]!r} is a {type(part).__name__}")
+            arrays[param_names[index] if not isinstance(state, tuple) else f"{param_names[index]}#{j}"] = \
+                part.to_ndarray()
+    return arrays
+
+
+def load_optimizer_state(path: str, module) -> None:
+    """The backbone's SGD state from checkpoint `path` into `module`: optimizer-states.params, or a format-1
+    checkpoint's pickled optimizer.states through a loader that builds arrays and nothing else."""
+    file = os.path.join(path, OPTIMIZER_FILE)
+    try:
+        if os.path.exists(file):
+            arrays = mx.nd.load(file)
+            if not isinstance(arrays, dict):
+                raise ValueError("its arrays have no names")
+        else:
+            file = os.path.join(path, LEGACY_OPTIMIZER_FILE)
+            arrays = _legacy_optimizer_arrays(file, module.module._exec_group.param_names)
+        module.load_optimizer_state(arrays, file)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no optimizer state ({OPTIMIZER_FILE}, or {LEGACY_OPTIMIZER_FILE} of "
+                              "format 1)") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, mx.base.MXNetError, OSError) as error:
+        raise CheckpointError(f"{file}: refused: {mxnet_reason(error)}") from None
 
 
 def resume_position(state: dict, steps_per_epoch: int, global_batch: int) -> "tuple[int, int]":

@@ -76,9 +76,9 @@ def load_model(path: str):
             return symbol, arg_params, aux_params, f"checkpoint {path} ({state['network']}, step {state['step']})"
         if os.path.exists(os.path.join(path, "model-symbol.json")):
             return load_model(os.path.join(path, "model"))
-        steps = checkpoint.list_steps(os.path.join(path, "checkpoints"))
-        if steps:
-            return load_model(checkpoint.step_dir(os.path.join(path, "checkpoints"), steps[-1]))
+        newest = checkpoint.latest(os.path.join(path, "checkpoints"))
+        if newest is not None:
+            return load_model(newest.path)
         raise ModelError(f"{path}: a folder without a model (model-symbol.json), checkpoint (state.json) "
                          "or checkpoints/")
     prefix, _, epoch = path.partition(",")

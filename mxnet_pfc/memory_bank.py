@@ -159,6 +159,11 @@ class MemoryBank:
                     saved = np.load(file, mmap_mode="r")
                 except (OSError, ValueError) as error:
                     raise CheckpointError(f"{file}: {error}") from None
-                if saved.ndim != 2 or saved.shape[1] != self.embedding_size:
-                    raise CheckpointError(f"{file}: shape {saved.shape}, expected (rows, {self.embedding_size})")
-                target[new_row:new_row + rows] = nd.array(saved[old_row:old_row + rows], dtype="float32")
+                expected = (shards[old_rank][1], self.embedding_size)
+                if saved.shape != expected or saved.dtype != np.float32:
+                    raise CheckpointError(f"{file}: {saved.dtype} array of shape {saved.shape}; state.json's shards "
+                                          f"give saved rank {old_rank} float32 rows of shape {expected}")
+                rows_read = np.asarray(saved[old_row:old_row + rows])
+                if not np.isfinite(rows_read).all():
+                    raise CheckpointError(f"{file}: non-finite values (NaN or inf) in its {kind}")
+                target[new_row:new_row + rows] = nd.array(rows_read, dtype="float32")

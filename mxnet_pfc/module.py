@@ -133,9 +133,47 @@ class PartialFCModule:
         """Backbone parameters from a checkpoint (names and shapes checked by the caller)."""
         self.module.set_params(arg_params, aux_params, force_init=True)
 
-    def save_optimizer_states(self, path: str) -> None:
-        """The backbone's SGD state (momentum), MXNet's pickle format."""
-        self.module.save_optimizer_states(path)
+    def optimizer_state(self) -> "dict[str, mx.nd.NDArray]":
+        """The backbone's SGD state (momentum; with fp16 also the float32 master weights) as named arrays:
+        `NAME` for a parameter's single state array, `NAME#j` for part j of a tuple state.
 
-    def load_optimizer_states(self, path: str) -> None:
-        self.module.load_optimizer_states(path)
+        Arrays only, so a checkpoint can hold them in MXNet's .params format: MXNet's
+        own save_optimizer_states pickles, and loading a pickle can run code.
+        """
+        names = self.module._exec_group.param_names      # the updater's index i is parameter i (one device)
+        arrays = {}
+        for index, state in self.module._updater.states.items():
+            parts = state if isinstance(state, (tuple, list)) else (state,)
+            for j, part in enumerate(parts):
+                if part is not None:
+                    key = names[index] if not isinstance(state, (tuple, list)) else f"{names[index]}#{j}"
+                    arrays[key] = part.as_in_context(mx.cpu())
+        return arrays
+
+    def load_optimizer_state(self, arrays: "dict[str, mx.nd.NDArray]", source: str) -> None:
+        """Restore what optimizer_state() returned; every name and shape is checked against the backbone
+        (raises ValueError naming the first that does not fit)."""
+        names = self.module._exec_group.param_names
+        shapes = {name: devices[0].shape for name, devices in zip(names, self.module._exec_group.param_arrays)}
+        grouped: "dict[int, dict[int, mx.nd.NDArray]]" = {}      # parameter index: {part (-1: whole): array}
+        for key, array in arrays.items():
+            name, _, part = key.partition("#")
+            if name not in shapes or (part and not part.isdigit()):
+                raise ValueError(f"{source}: optimizer state {key!r} is not for a parameter of this network")
+            if array.shape != shapes[name]:
+                raise ValueError(f"{source}: optimizer state {key!r} has shape {array.shape}, the parameter "
+                                 f"{shapes[name]}")
+            if array.dtype not in (np.float32, np.float16):
+                raise ValueError(f"{source}: optimizer state {key!r} is {np.dtype(array.dtype).name}, not float")
+            grouped.setdefault(names.index(name), {})[int(part) if part else -1] = array
+        states = {}
+        for index, parts in grouped.items():
+            if -1 in parts:
+                if len(parts) > 1:
+                    raise ValueError(f"{source}: optimizer state of {names[index]!r} is both whole and in parts")
+                states[index] = parts[-1]
+            else:
+                states[index] = tuple(parts.get(j) for j in range(max(parts) + 1))
+        updater = self.module._updater
+        updater.states = states
+        updater.states_synced = dict.fromkeys(states, False)     # moved to the parameters' device on first use

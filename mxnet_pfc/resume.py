@@ -27,9 +27,11 @@ class Resume:
     aux_params: dict
     step: int              # the last step done, in this run's numbering
     epoch: int
+    changes: "tuple[str, ...]" = ()    # what differs from the checkpoint's run, and what the resume does about it
 
 
-def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int, global_batch: int) -> Resume:
+def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int, global_batch: int,
+         num_images: int) -> Resume:
     """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes."""
     path = checkpoint.locate(os.path.join(cfg.output, "checkpoints"), cfg.resume)
     state = checkpoint.read_state(path)
@@ -40,23 +42,52 @@ def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int
                             path, cfg.network)
     checkpoint.check_params(aux_params, dict(zip(symbol.list_auxiliary_states(), aux_shapes)), path, cfg.network)
     step, epoch = checkpoint.resume_position(state, steps_per_epoch, global_batch)
-    return Resume(path, state, arg_params, aux_params, step, epoch)
+    changes = describe_changes(state, path, cfg.seed, world, steps_per_epoch, global_batch, num_images, step)
+    return Resume(path, state, arg_params, aux_params, step, epoch, changes)
+
+
+def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_epoch: int, global_batch: int,
+                     num_images: int, step: int) -> "tuple[str, ...]":
+    """What differs from the checkpoint's run (ranks, global batch, training set, seed) and what the resume
+    does about each; refuses a --seed changed within an epoch, which would re-order the rest of it."""
+    changes = []
+    saved_images = state.get("num_images")
+    within = state["step"] % state["steps_per_epoch"]
+    if state.get("seed", seed) != seed:
+        if within:
+            raise CheckpointError(
+                f"--seed {seed}: checkpoint {path} was trained with --seed {state['seed']}, {within} steps into an "
+                f"epoch; the seed orders the images of each epoch, so another one would show the rest of this "
+                f"epoch's images twice or never. Resume with --seed {state['seed']}, or from a checkpoint at the "
+                f"end of an epoch")
+        changes.append(f"seed {state['seed']} -> {seed}: the epochs from here are ordered (and negatives drawn) "
+                       f"by the new seed")
+    if state["world_size"] != world:
+        changes.append(f"ranks {state['world_size']} -> {world}: centers and momentum re-sharded, the averaged "
+                       f"BatchNorm statistics used")
+    if saved_images is not None and saved_images != num_images:
+        changes.append(f"training set {saved_images} -> {num_images} images: epoch {step // steps_per_epoch} "
+                       f"goes on from the same share of it, in the new set's order")
+    elif saved_images is None and state["steps_per_epoch"] * state["global_batch"] != steps_per_epoch * global_batch:
+        changes.append(f"the training set differs ({state['steps_per_epoch']} steps of {state['global_batch']} per "
+                       f"epoch then, {steps_per_epoch} of {global_batch} now)")
+    if state["global_batch"] != global_batch:
+        changes.append(f"global batch {state['global_batch']} -> {global_batch}: step {state['step']} is step "
+                       f"{step} here (the position is kept in samples seen within epoch {step // steps_per_epoch})")
+    return tuple(changes)
 
 
 def restore(resume: Resume, module, bank) -> None:
     """Backbone, its optimizer state and this rank's centers and momentum, from the checkpoint."""
     module.set_params(resume.arg_params, resume.aux_params)
-    try:
-        module.load_optimizer_states(os.path.join(resume.path, "optimizer.states"))
-    except Exception as error:       # a pickle of NDArrays: anything can go wrong in a damaged file
-        raise CheckpointError(f"{resume.path}/optimizer.states: {error}") from None
+    checkpoint.load_optimizer_state(resume.path, module)
     bank.load(resume.path, resume.state["shards"])
 
 
-def describe(resume: Resume, world: int) -> str:
-    """The log line of a resumed run."""
+def describe(resume: Resume) -> str:
+    """The log line of a resumed run: the checkpoint by what it holds, and what changed since."""
     saved = resume.state
-    moved = "" if saved["world_size"] == world and saved["step"] == resume.step else (
-        f" (saved on {saved['world_size']} ranks at step {saved['step']}, global batch {saved['global_batch']}: "
-        f"centers re-sharded, position kept in samples seen)")
-    return f"resuming from {resume.path} at step {resume.step}, epoch {resume.epoch}{moved}"
+    samples = saved.get("samples_seen", saved["step"] * saved["global_batch"])
+    line = (f"resuming from {resume.path} ({samples:,} samples seen, step {saved['step']} on {saved['world_size']} "
+            f"rank(s)) at step {resume.step}, epoch {resume.epoch}")
+    return line + "".join(f"\n  - {change}" for change in resume.changes) if resume.changes else line

@@ -157,3 +157,15 @@ def last_logged_step(output) -> int:
         return max(losses(output), default=0)
     except (OSError, ValueError):       # not there yet, or a line half-written
         return 0
+
+
+def ckpt(root, step: int) -> Path:
+    """The checkpoint folder under `root` labelled `step` (one only: the tests' runs do not renumber)."""
+    from mxnet_pfc import checkpoint
+    return Path(checkpoint.locate(str(root), str(step)))
+
+
+def saved_steps(root) -> "list[int]":
+    """The step labels of the complete checkpoints under `root`, in the order they were written."""
+    from mxnet_pfc import checkpoint
+    return [saved.step for saved in checkpoint.list_checkpoints(str(root))]

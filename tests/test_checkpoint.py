@@ -13,23 +13,24 @@ import sys
 import numpy as np
 import pytest
 
-from launch import REFERENCE_RUN as RUN, REPO, config_sh, final_summary, losses, run_command, run_ranks, \
-    tiny_synthetic_run
+from launch import REFERENCE_RUN as RUN, REPO, ckpt, config_sh, final_summary, losses, run_command, run_ranks, \
+    saved_steps, tiny_synthetic_run
 from mxnet_pfc import checkpoint, files, memory_bank
 from mxnet_pfc.memory_bank import shard_range
 
 def test_checkpoints_are_written_and_pruned(reference):
     _, run = reference
     root = run / "checkpoints"
-    assert checkpoint.list_steps(root) == [24, 30]          # 8 and 16 pruned: keep 2
+    assert saved_steps(root) == [24, 30]          # 8 and 16 pruned: keep 2
     assert not [name for name in os.listdir(root) if name.endswith(".tmp")]
-    state = checkpoint.read_state(root / "step-00000024")
+    state = checkpoint.read_state(ckpt(root, 24))
     assert (state["step"], state["world_size"], state["num_classes"]) == (24, 2, 40)
     assert state["shards"] == [[0, 20], [20, 20]] and state["epoch"] == 1       # 20 steps per epoch
     assert state["best"]["val"]["step"] in (10, 20)           # verification at 10 and 20 so far
-    names = set(os.listdir(root / "step-00000024"))
+    assert ckpt(root, 24).name == "ckpt-000003-step-00000024" and state["sequence"] == 3
+    names = set(os.listdir(ckpt(root, 24)))
     for expected in ("model-symbol.json", "model-0000.params", "model-average-symbol.json",
-                     "model-average-0000.params", "optimizer.states", "state.json", "centers-rank00000.npy",
+                     "model-average-0000.params", "optimizer-states.params", "state.json", "centers-rank00000.npy",
                      "momentum-rank00001.npy", "aux-rank00001.params"):
         assert expected in names
     # the exported model and its verification figures
@@ -40,7 +41,7 @@ def test_checkpoints_are_written_and_pruned(reference):
 def test_resume_continues_exactly_as_the_uninterrupted_run(reference, tmp_path):
     data, run = reference
     resumed = tmp_path / "resumed"
-    shutil.copytree(run / "checkpoints" / "step-00000024", resumed / "checkpoints" / "step-00000024")
+    shutil.copytree(ckpt(run / "checkpoints", 24), resumed / "checkpoints" / ckpt(run / "checkpoints", 24).name)
     proc = run_command(config_sh(*tiny_synthetic_run(data, resumed, *RUN, "--resume", "latest")), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "resuming from" in proc.stdout and "at step 24, epoch 1" in proc.stdout
@@ -52,13 +53,13 @@ def test_resume_continues_exactly_as_the_uninterrupted_run(reference, tmp_path):
     a, b = final_summary(run)["verification"]["val"], final_summary(resumed)["verification"]["val"]
     assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-9) and a["xnorm"] == pytest.approx(b["xnorm"], rel=1e-5)
     for name in ("centers-rank00001.npy", "momentum-rank00000.npy"):
-        np.testing.assert_allclose(np.load(resumed / "checkpoints" / "step-00000030" / name),
-                                   np.load(run / "checkpoints" / "step-00000030" / name), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.load(ckpt(resumed / "checkpoints", 30) / name),
+                                   np.load(ckpt(run / "checkpoints", 30) / name), rtol=1e-5, atol=1e-7)
 
 
 def test_two_rank_checkpoint_resharded_onto_three_ranks_keeps_every_center(reference, tmp_path):
     _, run = reference
-    saved = run / "checkpoints" / "step-00000024"
+    saved = ckpt(run / "checkpoints", 24)
     proc = run_ranks(3, [REPO / "tests" / "reshard_worker.py", saved, tmp_path], timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
     for kind in ("centers", "momentum"):
@@ -70,21 +71,21 @@ def test_two_rank_checkpoint_resharded_onto_three_ranks_keeps_every_center(refer
 def test_trainer_resumes_onto_three_ranks(reference, tmp_path):
     data, run = reference
     resumed = tmp_path / "three"
-    shutil.copytree(run / "checkpoints" / "step-00000024", resumed / "checkpoints" / "step-00000024")
+    shutil.copytree(ckpt(run / "checkpoints", 24), resumed / "checkpoints" / ckpt(run / "checkpoints", 24).name)
     # 3 x 8 = 24 images a step: 13 steps per epoch; 4 steps into epoch 1 at 16 = 2.67 steps of 24:
     # resumed at step 13 + 2 = 15
     proc = run_command(config_sh(*tiny_synthetic_run(data, resumed, *RUN, "--resume", "24"), ranks=3), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "saved on 2 ranks at step 24" in proc.stdout and "re-sharded" in proc.stdout
+    assert "step 24 on 2 rank(s)) at step 15, epoch 1" in proc.stdout and "ranks 2 -> 3: centers and momentum re-sharded" in proc.stdout
     # the run's length is kept in samples too: 30 steps of 16 = 480 samples = 20 steps of 24
     assert "kept in samples" in proc.stdout and sorted(losses(resumed)) == list(range(16, 21))
-    final = checkpoint.read_state(resumed / "checkpoints" / "step-00000020")
+    final = checkpoint.read_state(ckpt(resumed / "checkpoints", 20))
     assert final["world_size"] == 3 and final["shards"] == [[0, 14], [14, 13], [27, 13]]
 
 
 def test_mismatched_checkpoint_is_refused_on_every_rank(reference, tmp_path):
     data, run = reference
-    saved = run / "checkpoints" / "step-00000030"
+    saved = ckpt(run / "checkpoints", 30)
     args = tiny_synthetic_run(data, tmp_path / "bad", "--max_update", 4, "--resume", saved,
                               "--num_classes", 48, "--synthetic_identities", 0, "--embedding_size", 64)
     proc = run_command(config_sh(*args), timeout=180)
@@ -108,7 +109,7 @@ def test_a_failed_export_still_leaves_the_final_checkpoint(tmp_path):
                         "--num_classes", 100, "--batch_size", 4, "--max_update", 2, "--output", tmp_path],
                        timeout=120)
     assert proc.returncode == 1 and "IsADirectoryError" in proc.stdout, proc.stdout[-3000:]
-    assert checkpoint.list_steps(tmp_path / "checkpoints") == [2]
+    assert saved_steps(tmp_path / "checkpoints") == [2]
     assert "the final checkpoint" in proc.stdout and "the model for inference is not" in proc.stdout
 
 
@@ -145,16 +146,17 @@ def test_resume_position():
 
 
 def test_locate_ignores_partial_and_unfinished_folders(tmp_path):
-    os.makedirs(tmp_path / "step-00000010")
-    (tmp_path / "step-00000010" / "state.json").write_text("{}")
-    os.makedirs(tmp_path / "step-00000020.tmp")                 # a save that crashed
-    os.makedirs(tmp_path / "step-00000030")                     # no state.json: never published
-    assert checkpoint.list_steps(tmp_path) == [10]
-    assert checkpoint.locate(str(tmp_path), "latest").endswith("step-00000010")
-    with pytest.raises(checkpoint.CheckpointError, match=r"no complete checkpoint at step 30 .*\(complete: 10\)"):
+    os.makedirs(tmp_path / "ckpt-000001-step-00000010")
+    (tmp_path / "ckpt-000001-step-00000010" / "state.json").write_text("{}")
+    os.makedirs(tmp_path / "ckpt-000002-step-00000020.tmp")     # a save that crashed
+    os.makedirs(tmp_path / "ckpt-000003-step-00000030")         # no state.json: never published
+    assert saved_steps(tmp_path) == [10]
+    assert checkpoint.locate(str(tmp_path), "latest").endswith("ckpt-000001-step-00000010")
+    with pytest.raises(checkpoint.CheckpointError, match=r"no complete checkpoint at step 30 .*\(complete: "
+                                                         r"ckpt-000001-step-00000010 \(step 10, state.json unreadable"):
         checkpoint.locate(str(tmp_path), "30")
     with pytest.raises(checkpoint.CheckpointError, match="format None"):
-        checkpoint.read_state(str(tmp_path / "step-00000010"))
+        checkpoint.read_state(str(tmp_path / "ckpt-000001-step-00000010"))
 
 
 def test_check_params_names_the_difference():

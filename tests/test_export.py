@@ -12,7 +12,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from launch import run_command, tiny_synthetic_run
+from launch import ckpt, run_command, tiny_synthetic_run
 from mxnet_pfc.data import synthetic
 
 IMAGES = np.random.default_rng(5).uniform(0, 255, (5, 3, 112, 112)).astype(np.float32)
@@ -45,14 +45,14 @@ def trained(tmp_path_factory):
 
 def trainer_embeddings(run, images):
     """What the trainer computes: its own training symbol (dropout inactive) and parameters."""
-    symbol, arg_params, aux_params = mx.model.load_checkpoint(str(run / "checkpoints" / "step-00000006" / "model"), 0)
+    symbol, arg_params, aux_params = mx.model.load_checkpoint(str(ckpt(run / "checkpoints", 6) / "model"), 0)
     return module_embeddings(symbol, arg_params, aux_params, images)
 
 
 def test_export_loads_in_plain_mxnet_at_any_batch_size(trained, tmp_path):
     _, run = trained
     prefix = tmp_path / "face"
-    proc = run_command([sys.executable, "-m", "mxnet_pfc.export", run / "checkpoints" / "step-00000006",
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 6),
                         "--prefix", prefix, "--onnx"], timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:]
     expected = trainer_embeddings(run, IMAGES)
@@ -76,7 +76,7 @@ def checked(trained, tmp_path_factory):
     pytest.importorskip("onnxruntime")
     _, run = trained
     prefix = tmp_path_factory.mktemp("checked") / "face"
-    proc = run_command([sys.executable, "-m", "mxnet_pfc.export", run / "checkpoints" / "step-00000006",
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 6),
                         "--prefix", prefix, "--check"], timeout=180)
     return prefix, proc
 
@@ -210,7 +210,7 @@ def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
         (["mxnet_pfc.embed", run, tmp_path / "big.png"],
          "big.png is 150x200, expected 112x112 (an aligned face), or pass --resize"),
         (["mxnet_pfc.embed", tmp_path / "nowhere", tmp_path / "big.png"], "nowhere: no model there"),
-        (["mxnet_pfc.embed", run / "checkpoints" / "step-00000006", "--pair", tmp_path / "big.png",
+        (["mxnet_pfc.embed", ckpt(run / "checkpoints", 6), "--pair", tmp_path / "big.png",
           tmp_path / "big.png"], "no threshold: pass --threshold"),
         (["mxnet_pfc.export", tmp_path / "nowhere"], "nowhere: no model there"),
         (["mxnet_pfc.verify", run, tmp_path / "notes.jpg"], "notes.jpg: not a pickle"),

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from launch import (REFERENCE_RUN, REPO, config_sh, finish_command, last_logged_step, losses, rank_stop_line,
-                    run_command, run_ranks, start_command, tiny_synthetic_run, trainer_pid, wait_until)
+from launch import (REFERENCE_RUN, REPO, ckpt, config_sh, finish_command, last_logged_step, losses, rank_stop_line,
+                    run_command, run_ranks, saved_steps, start_command, tiny_synthetic_run, trainer_pid, wait_until)
 from mxnet_pfc import checkpoint, run_lock
 from mxnet_pfc.data import synthetic
 from mxnet_pfc.data.records import DataError, RecordWriter
@@ -73,7 +73,7 @@ def test_generation_never_writes_over_files_it_did_not_write(tmp_path):
 def test_resume_on_fewer_ranks_trains_what_is_left(reference, tmp_path):
     data, run = reference
     resumed = tmp_path / "one"
-    shutil.copytree(run / "checkpoints" / "step-00000024", resumed / "checkpoints" / "step-00000024")
+    shutil.copytree(ckpt(run / "checkpoints", 24), resumed / "checkpoints" / ckpt(run / "checkpoints", 24).name)
     # 2 ranks x 8 = 16 samples a step, 30 steps = 480 samples; on 1 rank: 60 steps of 8, from step 48
     proc = run_command(config_sh(*tiny_synthetic_run(data, resumed, *REFERENCE_RUN, "--resume", "latest"), ranks=1),
                        timeout=300)
@@ -81,20 +81,21 @@ def test_resume_on_fewer_ranks_trains_what_is_left(reference, tmp_path):
     assert "kept in samples" in proc.stdout and "at step 48, epoch 1" in proc.stdout
     got = losses(resumed)
     assert sorted(got) == list(range(49, 61)) and all(np.isfinite(list(got.values())))
-    final = checkpoint.read_state(resumed / "checkpoints" / "step-00000060")
+    final = checkpoint.read_state(ckpt(resumed / "checkpoints", 60))
     assert final["step"] == 60 and final["world_size"] == 1
-    before = np.concatenate([np.load(run / "checkpoints" / "step-00000024" / f"centers-rank{r:05d}.npy")
+    before = np.concatenate([np.load(ckpt(run / "checkpoints", 24) / f"centers-rank{r:05d}.npy")
                              for r in range(2)])
-    after = np.load(resumed / "checkpoints" / "step-00000060" / "centers-rank00000.npy")
+    after = np.load(ckpt(resumed / "checkpoints", 60) / "centers-rank00000.npy")
     assert np.abs(after - before).max() > 1e-4          # the centers trained on
 
     # a checkpoint at the end of its run has nothing left to train: refused, nothing written
     done = tmp_path / "done"
-    shutil.copytree(run / "checkpoints" / "step-00000030", done / "checkpoints" / "step-00000030")
+    shutil.copytree(ckpt(run / "checkpoints", 30), done / "checkpoints" / ckpt(run / "checkpoints", 30).name)
     proc = run_command(config_sh(*tiny_synthetic_run(data, done, *REFERENCE_RUN, "--resume", "latest")), timeout=240)
     assert proc.returncode != 0
     assert "nothing to train" in proc.stdout and "raise --max_update" in proc.stdout, proc.stdout[-3000:]
-    assert os.listdir(done / "checkpoints") == ["step-00000030"] and not (done / "model-symbol.json").exists()
+    assert os.listdir(done / "checkpoints") == [ckpt(run / "checkpoints", 30).name]
+    assert not (done / "model-symbol.json").exists()
 
 
 def test_second_run_into_a_busy_output_is_refused_and_a_dead_runs_lock_is_taken_over(reference, tmp_path):
@@ -208,10 +209,11 @@ def test_disk_full_during_a_checkpoint_says_so_on_every_rank_and_keeps_the_previ
     assert proc.returncode != 0
     for rank in (0, 1):
         line = rank_stop_line(proc.stdout, rank)
-        assert "step-00000016 not written: the disk is full" in line, proc.stdout[-3000:]
-        assert "MB free" in line and "step-00000008 is intact" in line and "--resume latest" in line, line
-    assert checkpoint.list_steps(output / "checkpoints") == [8]
-    assert os.listdir(output / "checkpoints") == ["step-00000008"]            # the partial save removed
+        assert "ckpt-000002-step-00000016 not written: the disk is full" in line, proc.stdout[-3000:]
+        assert "MB free" in line and "ckpt-000001-step-00000008 (" in line and "is intact" in line, line
+        assert "--resume latest" in line, line
+    assert saved_steps(output / "checkpoints") == [8]
+    assert os.listdir(output / "checkpoints") == ["ckpt-000001-step-00000008"]    # the partial save removed
 
 
 def test_disk_full_at_start_up_is_said_by_every_rank(reference, small_disk):
