@@ -95,6 +95,7 @@ class Config:
     save_interval: int = 2000          # checkpoint every this many steps (and at the end); 0: only at the end
     keep_checkpoints: int = 3          # the newest this many are kept in OUTPUT/checkpoints
     resume: str = ""                   # latest | a step | a checkpoint folder: continue that run
+    start_over: bool = False           # an --output holding a run: move it to OUTPUT/earlier-runs/ and start afresh
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -200,6 +201,9 @@ FIELD_HELP = {
     "save_interval": "Checkpoint every this many steps (and at the end); 0 only at the end.",
     "keep_checkpoints": "Number of newest checkpoints kept in OUTPUT/checkpoints.",
     "resume": "Continue a run: latest, a step number, or a checkpoint folder; '' starts afresh.",
+    "start_over": ("Start afresh in an --output that holds an earlier run's checkpoints: its files are moved to "
+                   "OUTPUT/earlier-runs/TIME/ first (nothing is deleted). Without it such a folder is refused "
+                   "unless --resume is given."),
 }
 
 
@@ -317,6 +321,8 @@ def validate(config: Config) -> None:
     require(config.verbose >= 1, "verbose", "must be at least 1")
     require(config.save_interval >= 0, "save_interval", "must be non-negative (0: save only at the end)")
     require(config.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1")
+    require(not (config.start_over and config.resume), "start_over",
+            "starts afresh; it cannot be combined with --resume, which continues")
     require(config.image_size == 112, "image_size", "the backbones take 112x112 faces")
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
     require(config.rec or config.images or config.num_images > 0, "num_images",

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import symbols
 
-from . import checkpoint, comm, device, elastic, logs, run_lock, seeding, stops
+from . import checkpoint, comm, device, elastic, logs, output_folder, run_lock, seeding, stops
 from . import config as config_lib
 from . import resume as resume_lib
 from .data import folders, synthetic
@@ -83,7 +83,7 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
                          steps_per_epoch=steps_in_epoch(num_images, cfg.batch_size, world, cfg.grad_accum),
                          micro_batches=cfg.grad_accum)
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
-    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world))
+    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world), num_images)
               if cfg.resume else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
@@ -107,36 +107,42 @@ def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSched
     return head, module
 
 
-def claim_output(output: str, rank: int):
-    """Rank 0's hold on the output folder (None on other ranks), agreed on by every rank.
+def claim_output(cfg: config_lib.Config, rank: int):
+    """(rank 0's hold on the output folder (None on other ranks), what was done with an earlier run there),
+    agreed on by every rank.
 
     Runs before any rank writes into the folder (its logs included): a second
-    run into a folder in use is refused here, on every rank, having written nothing.
+    run into a folder in use, or a fresh run into a folder holding another run's
+    checkpoints, is refused here, on every rank, having written nothing.
     """
-    lock = None
+    lock, note = None, ""
+    output = cfg.output
     try:
         with comm.fail_together("starting the run"):
             if rank == 0:
                 lock = run_lock.acquire(output)
+                note = output_folder.prepare(output, cfg.resume, cfg.start_over)
                 os.makedirs(os.path.join(output, "logs"), exist_ok=True)
                 stops.clear_records(os.path.join(output, "logs"))
     except BaseException:
         if lock is not None:
             lock.release()
         raise
-    return lock
+    return lock, note
 
 
 def train(cfg: config_lib.Config) -> dict:
     """Run the configured training on this rank; returns rank 0's final figures (others: {})."""
     comm.init()
     rank, world = comm.rank(), comm.size()
-    lock = claim_output(cfg.output, rank)
+    lock, earlier_run = claim_output(cfg, rank)
     try:
         log_path = logs.setup(cfg.output, rank)
         stops.start(os.path.join(cfg.output, "logs"))
         if rank == 0 and lock.took_over:
             log.info(f"took over the output folder from a run that is gone ({lock.took_over})")
+        if earlier_run:
+            log.info(earlier_run)
         with comm.fail_together("setup"):
             setup = prepare(cfg, rank, world)
         cfg, plan, resume = setup.cfg, setup.plan, setup.resume
@@ -152,7 +158,7 @@ def train(cfg: config_lib.Config) -> dict:
         if resume is not None:
             with comm.fail_together("resuming"):
                 resume_lib.restore(resume, module, head.bank)
-            log.info(resume_lib.describe(resume, world))
+            log.info(resume_lib.describe(resume))
             if plan.length_note:
                 log.info(plan.length_note)
         seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
@@ -276,7 +282,7 @@ class Trainer:
         cfg, plan = self.cfg, self.plan
         state = dict(network=cfg.network, epoch=step // plan.steps_per_epoch,
                      steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
-                     max_update=plan.max_update, samples_seen=self.samples_seen(step),
+                     max_update=plan.max_update, samples_seen=self.samples_seen(step), num_images=plan.num_images,
                      next_lr=self.setup.schedule(step), seed=cfg.seed, best=self.best,
                      data=dict(epoch=step // plan.steps_per_epoch, step_in_epoch=step % plan.steps_per_epoch),
                      config=cfg.to_dict())
