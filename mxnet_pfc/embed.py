@@ -27,7 +27,7 @@ from .data.pack import IMAGE_SUFFIXES, list_identities
 from .device import add_context_option, choose_context
 from .errors import PfcError
 from .eval.verification import embed_pairs
-from .inference import Embedder, load_model
+from .inference import Embedder, load_model, positive_int
 
 
 class EmbedError(PfcError, ValueError):
@@ -97,10 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "model's training verification, model-verification.json)")
     parser.add_argument("--gallery", default="", help="folder of identity sub-folders, each an identity (with --probe)")
     parser.add_argument("--probe", default="", help="the face to look up in the gallery")
-    parser.add_argument("-k", "--top-k", type=int, default=5,
+    parser.add_argument("-k", "--top-k", type=positive_int, default=5,
                         help="gallery matches listed per probe, best first (default: %(default)s)")
     parser.add_argument("--resize", action="store_true", help="resize faces that are not 112x112 (default: refuse them, naming the file)")
-    parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default: %(default)s)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass (default: %(default)s)")
     add_context_option(parser)
     return parser
 

@@ -25,7 +25,7 @@ from .errors import PfcError
 from .eval import ijb_data, ijb_metrics, plots
 from .eval.verification import embed_with_mirror
 from .files import write_json
-from .inference import Embedder, load_model
+from .inference import Embedder, load_model, positive_int
 
 CMC_RANKS = 20          # ranks drawn in the CMC plot
 
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", default="IJBC", choices=["IJBC", "IJBB"],
                         help="which set: it names the meta files (ijbc_..., ijbb_...) and the galleries "
                              "(G1/G2, S1/S2) (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=64,
+    parser.add_argument("--batch-size", type=positive_int, default=64,
                         help="images per forward pass; each is embedded with its mirror (default: %(default)s)")
     parser.add_argument("--output", default="output/ijb",
                         help="folder for ijb-<target>.json and the PNG plots (default: %(default)s)")
@@ -135,8 +135,9 @@ class IJBSet:
         self.faces = ijb_data.read_faces(root, self.name)
         self.templates = np.unique(self.faces.templates)
         self.pairs = ijb_data.read_pairs(root, self.name, self.templates)
-        self.one_to_n = {name: ijb_data.read_subjects(path, self.templates)
-                         for name, path in ijb_data.one_to_n_paths(root, self.name).items()}
+        paths = ijb_data.one_to_n_paths(root, self.name)
+        self.one_to_n = {name: ijb_data.read_subjects(path, self.templates) for name, path in paths.items()}
+        ijb_data.check_mates(self.one_to_n, paths)
         self.mode = "flip-sum, " + ("detector-score weighted" if score_weight else "unweighted")
         self.embedder = Embedder(symbol, ctx, batch_size)
 

@@ -9,6 +9,7 @@ A model is named by any of
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -18,11 +19,22 @@ import numpy as np
 import symbols
 
 from . import checkpoint
-from .errors import PfcError
+from .errors import PfcError, load_checkpoint
 
 
 class ModelError(PfcError, ValueError):
     """A model that cannot be found or loaded."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type of the commands' batch sizes and counts: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 def inference_symbol(network: str, embedding_size: int) -> mx.sym.Symbol:
@@ -87,10 +99,7 @@ def load_model(path: str):
     if not all(os.path.exists(f) for f in files):
         raise ModelError(f"{path}: no model there: expected {' + '.join(files)}, a checkpoint folder or "
                          "a training output folder")
-    try:
-        symbol, arg_params, aux_params = mx.model.load_checkpoint(prefix, epoch)
-    except mx.base.MXNetError as error:
-        raise ModelError(f"{path}: cannot load: {str(error).splitlines()[0]}") from None
+    symbol, arg_params, aux_params = load_checkpoint(prefix, epoch, ModelError)
     symbol = embedding_output(symbol)
     arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
     return symbol, arg_params, aux_params, f"model {prefix}-{epoch:04d}"

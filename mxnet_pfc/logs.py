@@ -10,6 +10,7 @@ import os
 import sys
 
 ROOT_LOGGER = "mxnet_pfc"
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"      # with the date: a run lasts days
 
 
 def setup(output: str, rank: int) -> str:
@@ -17,7 +18,7 @@ def setup(output: str, rank: int) -> str:
     log = logging.getLogger(ROOT_LOGGER)
     os.makedirs(os.path.join(output, "logs"), exist_ok=True)
     path = os.path.join(output, "logs", f"rank{rank}.log")
-    formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%H:%M:%S")
+    formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", TIME_FORMAT)
     handlers = [logging.FileHandler(path)]
     if rank == 0:
         handlers.append(logging.StreamHandler(sys.stdout))

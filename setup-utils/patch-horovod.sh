@@ -17,7 +17,10 @@
 # SIGKILL 5 s later (a third: SIGKILL at once). And a run stopped by a signal
 # ends with one line (`horovodrun: interrupted (SIGINT) ...`, exit 128 + signal)
 # instead of the traceback of "one or more processes exited with non-zero
-# status", which blamed a rank for the user's Ctrl-C.
+# status", which blamed a rank for the user's Ctrl-C; a run that a rank failed
+# ends with one line too, below the ranks' own messages (`horovodrun: rank 0
+# failed first (exit code 1), so the job stopped; see the ranks' messages
+# above`, exit 1).
 #
 # Idempotent and cheap (a grep when already patched): setup-utils/install.sh
 # runs it on every `make setup`. Fails loudly when the installed Horovod is not
@@ -31,7 +34,7 @@ VENV="${1:-${VENV:-$REPO/.venv}}"
 PY="$VENV/bin/python"
 # The revision of this patch: a venv patched by another one is re-patched from the original,
 # which the first patch keeps next to the file (gloo_run.py.mxnet-pfc-orig).
-MARKER="mxnet-pfc patch r2: signal handling that cannot deadlock"
+MARKER="mxnet-pfc patch r3: signal handling that cannot deadlock; a failed run ends in one line"
 
 [ -x "$PY" ] || { echo "patch-horovod: no python in $VENV" >&2; exit 1; }
 # Where horovod is, without importing it.
@@ -238,13 +241,27 @@ if "mxnet-pfc patch" in source:         # another revision of this patch: start 
         fail(f"it holds another revision of this patch and the original ({backup}) is gone; "
              f"reinstall Horovod")
     source = open(backup).read()
-OLD_REPORT = "    for name, value in sorted(res.items(), key=lambda item: item[1][1]):\n"
+OLD_REPORT = """    for name, value in sorted(res.items(), key=lambda item: item[1][1]):
+        exit_code, timestamp = value
+        if exit_code != 0:
+            raise RuntimeError('Horovod detected that one or more processes exited with non-zero '
+                               'status, thus causing the job to be terminated. The first process '
+                               'to do so was:\\nProcess name: {name}\\nExit code: {code}\\n'
+                               .format(name=name, code=exit_code))
+"""
 NEW_REPORT = """    if event.is_set():   # mxnet-pfc patch: stopped by a signal (Ctrl-C), not by a rank's failure
         signum = _shutdown_on_signal.first_signal or signal.SIGINT
         sys.stderr.write('horovodrun: interrupted ({}): every rank was stopped and says so above\\n'
                          .format(signal.Signals(signum).name))
         sys.exit(128 + signum)
-""" + OLD_REPORT
+    # mxnet-pfc patch: a failed rank ends the run with one line, not a traceback of horovodrun's own
+    failed = sorted((timestamp, name, code) for name, (code, timestamp) in res.items() if code != 0)
+    if failed:
+        _, first, code = failed[0]
+        sys.stderr.write('horovodrun: rank {} failed first (exit code {}), so the job stopped; see the ranks\\' '
+                         'messages above\\n'.format(first, code))
+        sys.exit(1)
+"""
 for text, what in ((OLD, "register_shutdown_event()"), (OLD_IMPORT, "import of typing"),
                    (OLD_REPORT, "report of launch_gloo()")):
     if source.count(text) != 1:
@@ -269,5 +286,6 @@ except BaseException:
         if os.path.exists(path):
             os.remove(path)
     raise
-print(f"[setup] patched {target}: horovodrun's SIGINT/SIGTERM handler can no longer deadlock")
+print(f"[setup] patched {target}: horovodrun's SIGINT/SIGTERM handler can no longer deadlock; "
+      "a failed run ends in one line")
 PY

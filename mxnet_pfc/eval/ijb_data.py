@@ -13,6 +13,7 @@ over 470,000 images should stop before embedding, not after.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass
 
@@ -33,14 +34,25 @@ def meta_path(root: str, target: str, suffix: str) -> str:
     return os.path.join(root, "meta", f"{target.lower()}_{suffix}")
 
 
-def _lines(path: str):
-    """(line number, fields) of each non-blank line, split on white space."""
+def _text(path: str) -> str:
+    """The file's text; a file that is not UTF-8 text (a binary file, an image) named, with the offending byte."""
     try:
-        with open(path) as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as error:
         raise IjbDataError(f"{path}: cannot be read: {error.strerror or error}") from None
-    for number, line in enumerate(text.splitlines(), 1):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise IjbDataError(f"{path}: not a text file (byte {error.start} is not UTF-8 text)") from None
+    if "\0" in text:
+        raise IjbDataError(f"{path}: not a text file (byte {text.index(chr(0))} is a NUL)")
+    return text
+
+
+def _lines(path: str):
+    """(line number, fields) of each non-blank line, split on white space."""
+    for number, line in enumerate(_text(path).splitlines(), 1):
         if line.strip():
             yield number, line.split()
 
@@ -126,6 +138,10 @@ def read_pairs(root: str, target: str, known_templates) -> "tuple[np.ndarray, np
         rows.append((first, second, label))
     if not rows:
         raise IjbDataError(f"{path}: lists no pairs")
+    labels = {label for _, _, label in rows}
+    if labels != {0, 1}:
+        raise IjbDataError(f"{path}: every pair is labelled {labels.pop()}: TAR at FAR needs both same-subject (1) "
+                           "and different-subject (0) pairs")
     pairs = np.array(rows, dtype=np.int64)
     return pairs[:, 0], pairs[:, 1], pairs[:, 2]
 
@@ -133,11 +149,7 @@ def read_pairs(root: str, target: str, known_templates) -> "tuple[np.ndarray, np
 def read_subjects(path: str, known_templates) -> "tuple[np.ndarray, np.ndarray]":
     """(templates, subjects) of a 1:N gallery or probe CSV, one entry per template (rows are per image)."""
     known = set(int(t) for t in known_templates)
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError as error:
-        raise IjbDataError(f"{path}: cannot be read: {error.strerror or error}") from None
+    rows = list(csv.reader(io.StringIO(_text(path), newline="")))
     if not rows:
         raise IjbDataError(f"{path}: empty, expected a header with TEMPLATE_ID and SUBJECT_ID")
     header = [name.strip().upper() for name in rows[0]]
@@ -176,6 +188,17 @@ def one_to_n_paths(root: str, target: str) -> "dict[str, str]":
         missing = [p for p in paths.values() if not os.path.exists(p)]
         raise IjbDataError(f"{missing[0]}: missing (the other 1:N files are there)")
     return paths if present else {}
+
+
+def check_mates(one_to_n: dict, paths: "dict[str, str]") -> None:
+    """Each gallery has probes whose subject is in it and probes whose subject is not: open-set TPIR at FPIR
+    (and the CMC) need both."""
+    probe_subjects = one_to_n["probe"][1] if one_to_n else None
+    for name, (_, subjects) in one_to_n.items():
+        mated = np.isin(probe_subjects, subjects)
+        if name != "probe" and (mated.all() or not mated.any()):
+            raise IjbDataError(f"{paths['probe']}: {'every' if mated.all() else 'no'} probe's subject is in gallery "
+                               f"{name} ({paths[name]}): TPIR at FPIR needs probes of both kinds")
 
 
 def aligned_face(root: str, faces: Faces, index: int, size: int = 112) -> np.ndarray:
