@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 from . import comm
-from .errors import CheckpointError, mxnet_reason
+from .errors import CheckpointError, load_arrays, load_checkpoint, mxnet_reason
 from .files import write_json
 from .memory_bank import MemoryBank, shard_files
 
@@ -361,14 +361,14 @@ def load_backbone(path: str, rank: int, same_world: bool, average: bool = False)
     On a different number of ranks (or with average=True) the averaged statistics are used.
     """
     try:
-        _, arg_params, aux_params = mx.model.load_checkpoint(
-            os.path.join(path, "model-average" if average else "model"), 0)
+        _, arg_params, aux_params = load_checkpoint(
+            os.path.join(path, "model-average" if average else "model"), 0, CheckpointError)
         own = aux_file(path, rank)
         if same_world and not average and os.path.exists(own):
-            aux_params = mx.nd.load(own)
+            aux_params = load_arrays(own, CheckpointError)
         elif not average:
-            _, _, aux_params = mx.model.load_checkpoint(os.path.join(path, "model-average"), 0)
-    except (OSError, mx.base.MXNetError) as error:
+            _, _, aux_params = load_checkpoint(os.path.join(path, "model-average"), 0, CheckpointError)
+    except OSError as error:
         raise CheckpointError(f"{path}: cannot read the backbone: {mxnet_reason(error)}") from None
     return arg_params, aux_params
 

@@ -275,7 +275,11 @@ def make_config(overrides: "dict | None" = None) -> Config:
         values[name] = tuple(value) if kind is tuple else value
     if values["synthetic_identities"] and not values["num_classes"]:     # a generated set has one class per identity
         values["num_classes"] = values["synthetic_identities"]
-    values["decay_epochs"] = tuple(float(v) for v in values["decay_epochs"])
+    try:
+        values["decay_epochs"] = tuple(float(v) for v in values["decay_epochs"])
+    except ValueError:
+        raise ConfigError(f"decay_epochs = {','.join(map(str, values['decay_epochs']))}: expected epochs as "
+                          "numbers, comma-separated (e.g. 8,14)") from None
     values["val_targets"] = tuple(str(v) for v in values["val_targets"])
     if (values["rec"] or values["images"]) and "val_targets" not in overrides and \
             ("rec" in overrides or "images" in overrides):
