@@ -6,7 +6,7 @@ whichever checkpoint sorts newest, and pruning would delete one run's
 checkpoints for the other's. So a fresh run there is refused with the choices;
 --start_over moves the earlier run's files to OUTPUT/earlier-runs/TIME/ and
 deletes nothing. Rank 0 decides this under the output lock, before any rank
-writes into the folder. See docs/DESIGN.md section 5.4.
+writes into the folder. See docs/DESIGN.md section 5.5.
 """
 from __future__ import annotations
 
