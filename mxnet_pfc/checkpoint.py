@@ -385,7 +385,7 @@ class _LegacyArray:
     def __setstate__(self, state):
         if not (isinstance(state, dict) and set(state) == {"handle"} and isinstance(state["handle"], (bytes, bytearray))):
             raise pickle.UnpicklingError("an NDArray state that is not its bytes")
-        self.raw = bytes(state["handle"])
+        self.raw = bytearray(state["handle"])       # MXNet reads it through a writable ctypes buffer
 
     def to_ndarray(self) -> mx.nd.NDArray:
         array = mx.nd.NDArray(handle=None)
