@@ -187,3 +187,16 @@ def test_a_seed_changed_within_an_epoch_is_refused(reference, tmp_path):
     line = rank_stop_line(proc.stdout, 0) or (output / "logs" / "rank0.log").read_text()
     assert "--seed 7: checkpoint" in line and "was trained with --seed 0, 4 steps into an epoch" in line, line
     assert "Resume with --seed 0" in line
+
+
+def test_a_pickled_center_file_runs_nothing_and_is_refused_naming_it(tmp_path):
+    """np.load never unpickles: an object array saved as centers-rank00000.npy is refused, its code not run."""
+    from mxnet_pfc.memory_bank import MemoryBank
+    marker = tmp_path / "the-pickle-ran"
+    np.save(tmp_path / "centers-rank00000.npy", np.array([RunsAShellCommand(f"touch {marker}")], dtype=object),
+            allow_pickle=True)
+    np.save(tmp_path / "momentum-rank00000.npy", np.zeros((4, 8), np.float32))
+    bank = MemoryBank(4, 8, 0, 1, mx.cpu(), ops=None)
+    with pytest.raises(checkpoint.CheckpointError, match=r"centers-rank00000.npy: .*Python objects"):
+        bank.load(str(tmp_path), [[0, 4]])
+    assert not marker.exists()
