@@ -29,7 +29,9 @@ have nothing to do with RecordIO, and it needs no MXNet.
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 
 import cv2
 import numpy as np
@@ -38,6 +40,7 @@ import simplejpeg
 from ..errors import PfcError
 
 FACE_SIZE = 112       # side of an aligned face crop, in pixels, unless configured otherwise
+MAX_IMAGE_BYTES = 64 << 20     # no face image is near this: a larger file is refused unread
 
 
 class ImageError(PfcError, ValueError):
@@ -101,10 +104,42 @@ def fit_size(image: np.ndarray, source: str, size: "int | tuple[int, int]" = FAC
     return cv2.resize(image, (width, height), interpolation=interpolation)
 
 
-def read_file(path: str) -> bytes:
-    """A file's bytes; ImageError naming it when it cannot be read."""
+def read_file(path: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
+    """A regular file's bytes; ImageError naming it when it cannot be read, is not a regular file
+    or is larger than `limit`.
+
+    A folder of images may hold anything: a FIFO named *.jpg would block open() and read()
+    forever, and /dev/zero (or a symlink to it) would be read until memory runs out. So the
+    file is opened non-blocking, checked to be a regular file (before and after opening:
+    it may be swapped between the two) and read to at most `limit` + 1 bytes.
+    """
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ImageError(f"{path} is not a regular file ({file_kind(path)}): only image files are read")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ImageError(f"{path} is not a regular file ({file_kind(path)}): only image files are read")
+            if st.st_size > limit:
+                raise ImageError(f"{path} is {st.st_size:,} bytes, more than any face image "
+                                 f"(the limit is {limit:,} bytes)")
+            data = f.read(limit + 1)
     except OSError as error:
         raise ImageError(f"{path} cannot be read: {error.strerror or error}") from None
+    if len(data) > limit:
+        raise ImageError(f"{path} grew past {limit:,} bytes while it was read (the limit of a face image)")
+    return data
+
+
+def file_kind(path: str) -> str:
+    """What a path that is not a regular file is, in words (for messages)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        return error.strerror or str(error)
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"

@@ -14,9 +14,17 @@ identity folder names and of each folder's modification time, which changes
 when a file in it is added, removed or renamed (one stat per identity, no
 listing); a run whose ROOT has another fingerprint lists it again and says so.
 Editing an image in place changes neither; such a file is read as it now is.
+
+The index is a file in OUTPUT, which others may write, so it is checked, not
+believed: every name in it must be one plain path component (no '/', '..' or
+absolute path), the identities the folders ROOT holds now, the file names
+image names; an index that fails is named and ROOT listed again. Each read
+then takes a regular file under ROOT only (symlinks resolved), of at most
+faces.MAX_IMAGE_BYTES: a file swapped after the listing cannot lead elsewhere.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -26,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .faces import ImageError, read_file
-from .pack import IMAGE_SUFFIXES, list_identities
+from .pack import IMAGE_SUFFIXES, inside, list_identities
 from .records import DataError
 
 log = logging.getLogger(__name__)
@@ -50,23 +58,37 @@ class FolderIndex:
     def __len__(self) -> int:
         return len(self.paths)
 
+    @functools.cached_property
+    def real_root(self) -> str:
+        return os.path.realpath(self.root)
+
     def read(self, i: int) -> "tuple[bytes, float, str]":
         path = os.path.join(self.root, self.paths[i])
+        if not inside(self.real_root, path):
+            raise DataError(f"{path} leads to {os.path.realpath(path)}, outside {self.root}: "
+                            "only files under the image folder are read")
         try:
             return read_file(path), float(self.labels[i]), path
         except ImageError as error:
             raise DataError(str(error)) from None
 
 
-def fingerprint(root: str) -> str:
-    """A hash of ROOT's identity folder names and their modification times (no listing of their files)."""
+def identity_folders(root: str) -> "list[tuple[str, int, bool]]":
+    """(name, modification time, whether it lies under ROOT) of each sub-folder of ROOT, sorted
+    (one stat each, no listing of their files; symlinks resolved)."""
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a folder (--images wants ROOT/<identity>/<image>)")
-    digest = hashlib.sha256()
+    real_root = os.path.realpath(root)
     with os.scandir(root) as entries:
-        folders = sorted((entry.name, entry.stat().st_mtime_ns) for entry in entries if entry.is_dir())
-    for name, mtime in folders:
-        digest.update(f"{name}\0{mtime}\n".encode())
+        return sorted((entry.name, entry.stat().st_mtime_ns, not entry.is_symlink() or inside(real_root, entry.path))
+                      for entry in entries if entry.is_dir())
+
+
+def fingerprint(folders: "list[tuple[str, int, bool]]") -> str:
+    """A hash of ROOT's identity folder names and their modification times."""
+    digest = hashlib.sha256()
+    for name, mtime, _ in folders:
+        digest.update(f"{name}\0{mtime}\n".encode(errors="surrogateescape"))
     return digest.hexdigest()
 
 
@@ -80,26 +102,53 @@ def scan(root: str) -> FolderIndex:
     return FolderIndex(root, [name for name, _ in identities], paths, np.array(labels, dtype=np.int64))
 
 
+def plain_name(name) -> bool:
+    """Whether `name` is one path component (joined to a folder, it stays in that folder)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def index_problem(saved: dict, folders: "set[str]") -> str:
+    """'' when a saved index's lists can be used, else its first wrong entry, named."""
+    names, files = saved.get("identities"), saved.get("files")
+    if not isinstance(names, list) or not isinstance(files, list) or len(names) != len(files):
+        return "'identities' and 'files' are not two lists of one length"
+    for k, (name, images) in enumerate(zip(names, files)):
+        if not plain_name(name) or name not in folders:
+            return f"identities[{k}] = {name!r} is not a folder under ROOT"
+        if not isinstance(images, list) or not images:
+            return f"files[{k}] is not a list of image names"
+        for image in images:
+            if not plain_name(image) or not image.lower().endswith(IMAGE_SUFFIXES):
+                return f"files[{k}] holds {image!r}, not an image name in {name!r}"
+    if names != sorted(set(names)):
+        return "'identities' are not sorted and unique"
+    return ""
+
+
 def load_index(root: str, output: str, write: bool) -> FolderIndex:
     """ROOT's index from OUTPUT/images-index.json when it still matches ROOT, else a new listing
     (written there when `write`: rank 0 only, atomically, so ranks never read half a file)."""
     root = os.path.abspath(root)
     path = os.path.join(output, INDEX_NAME)
-    current = fingerprint(root)
+    folders = identity_folders(root)
+    current = fingerprint(folders)
     saved = None
     if os.path.exists(path):
         try:
             saved = json.load(open(path))
         except (OSError, ValueError):
             saved = None
-    if saved and saved.get("version") == INDEX_VERSION and saved.get("root") == root \
+    if isinstance(saved, dict) and saved.get("version") == INDEX_VERSION and saved.get("root") == root \
             and saved.get("fingerprint") == current and saved.get("suffixes") == list(IMAGE_SUFFIXES):
-        names, files = saved["identities"], saved["files"]
-        paths = [os.path.join(name, f) for name, images in zip(names, files) for f in images]
-        labels = np.repeat(np.arange(len(names), dtype=np.int64), [len(images) for images in files])
-        log.info(f"images: {len(paths)} images of {len(names)} identities in {root}, from the index {path}")
-        return FolderIndex(root, names, paths, labels)
-    if saved:
+        problem = index_problem(saved, {name for name, _, under in folders if under})
+        if not problem:
+            names, files = saved["identities"], saved["files"]
+            paths = [os.path.join(name, f) for name, images in zip(names, files) for f in images]
+            labels = np.repeat(np.arange(len(names), dtype=np.int64), [len(images) for images in files])
+            log.info(f"images: {len(paths)} images of {len(names)} identities in {root}, from the index {path}")
+            return FolderIndex(root, names, paths, labels)
+        log.warning(f"images: {path} is not used: {problem}; listing {root} again")
+    elif saved:
         log.info(f"images: {root} changed since {path} was written (or it indexes another folder): listing it again")
     index = scan(root)
     log.info(f"images: listed {root}: {len(index)} images of {index.num_classes} identities"

@@ -7,11 +7,22 @@ with aligned face images. OUT/ receives train.rec, train.idx, property and
 identities.txt (class id -> folder name). Images already 112x112 are stored as
 they are (no re-encoding); others are refused, or resized with --resize.
 Images are decoded as training decodes them (data.faces): a damaged JPEG is refused.
+
+Only files under FACES/ are read: symlinks that lead out of it, FIFOs, devices
+and other entries that are not regular files are skipped and named. OUT/ is
+held by one pack at a time (OUT/.pack.lock); the files are written under
+temporary names and appear together at the end, so a pack that fails or is
+stopped (Ctrl-C, kill) leaves OUT/ as it was.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import logging
 import os
+import signal
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,27 +30,99 @@ import cv2
 from tqdm import tqdm
 
 from ..errors import PfcError
-from .faces import ImageError, WrongSize, decode_image, fit_size, read_file
+from .faces import ImageError, WrongSize, decode_image, file_kind, fit_size, read_file
 from .records import DataError, RecordWriter
 
+log = logging.getLogger(__name__)
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+LOCK_NAME = ".pack.lock"
+WRITTEN = ("train.rec", "train.idx", "property", "identities.txt")
+
+
+def inside(real_root: str, path: str) -> bool:
+    """Whether `path`, all symlinks resolved, lies in `real_root` (itself resolved)."""
+    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
 
 
 def list_identities(root: str) -> "list[tuple[str, list[str]]]":
-    """[(identity folder name, sorted image paths)] for every sub-folder with images."""
+    """[(identity folder name, sorted image paths)] for every sub-folder with images.
+
+    Only what lies under ROOT is read: a symlink (folder or image) is followed only when it
+    resolves inside ROOT, and an image name must be a regular file (not a FIFO, a device or a
+    folder). Entries left out are counted and named in a warning.
+    """
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a folder")
-    identities = []
-    for name in sorted(os.listdir(root)):
-        folder = os.path.join(root, name)
-        if not os.path.isdir(folder):
+    real_root = os.path.realpath(root)
+    identities, skipped = [], []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if not entry.is_dir():
+            continue                       # a file beside the identity folders (lfw.bin ...)
+        if entry.is_symlink() and not inside(real_root, entry.path):
+            skipped.append(f"{entry.path} (a symlink to {os.path.realpath(entry.path)}, outside {root})")
             continue
-        images = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(IMAGE_SUFFIXES))
+        images = []
+        for image in sorted(os.scandir(entry.path), key=lambda e: e.name):
+            if not image.name.lower().endswith(IMAGE_SUFFIXES):
+                continue
+            if image.is_symlink() and not inside(real_root, image.path):
+                skipped.append(f"{image.path} (a symlink to {os.path.realpath(image.path)}, outside {root})")
+            elif not image.is_file():
+                skipped.append(f"{image.path} ({file_kind(image.path)})")
+            else:
+                images.append(image.path)
         if images:
-            identities.append((name, images))
+            identities.append((entry.name, images))
+    if skipped:
+        log.warning(f"{root}: skipped {len(skipped)} entries that are not image files under it: "
+                    + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
     if not identities:
         raise DataError(f"{root}: no identity sub-folders with images ({', '.join(IMAGE_SUFFIXES)})")
     return identities
+
+
+class FolderBusy(PfcError, RuntimeError):
+    """Another pack is writing into the output folder."""
+
+
+@contextlib.contextmanager
+def hold_folder(folder: str):
+    """Hold `folder` for this pack (an fcntl lock on FOLDER/.pack.lock, released when the process ends,
+    however it ends): two packs into one folder would interleave their records."""
+    path = os.path.join(folder, LOCK_NAME)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "starting"
+            os.close(fd)
+            raise FolderBusy(f"{folder} is being written by another pack ({holder}): wait for it to end, "
+                             "or pack into another folder") from None
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)          # locked a file its holder removed as it ended: take the new one
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    try:
+        yield
+    finally:
+        os.remove(path)       # before the lock goes: a waiting pack then finds another file, and retries
+        os.close(fd)
+
+
+def remove_leftovers(folder: str) -> None:
+    """Remove the temporary files of earlier packs into `folder` that were killed (called under its lock)."""
+    for name in os.listdir(folder):
+        base, dot, tail = name.rpartition(".tmp")
+        if dot and base in WRITTEN and (tail == "" or tail.isdigit()):
+            log.warning(f"{os.path.join(folder, name)}: left by an earlier pack that was stopped; removed")
+            os.remove(os.path.join(folder, name))
 
 
 def load_image(path: str, size: int, resize: bool) -> bytes:
@@ -62,17 +145,36 @@ def load_image(path: str, size: int, resize: bool) -> bytes:
 
 
 def pack(root: str, output: str, size: int = 112, resize: bool = False, threads: int = 4) -> "tuple[int, int]":
-    """Write OUT/train.rec etc.; returns (images, identities)."""
+    """Write OUT/train.rec etc.; returns (images, identities).
+
+    Everything is checked that can be before a byte is written; the files are written under
+    temporary names, renamed when all are complete, and removed if the pack fails or is stopped.
+    """
     identities = list_identities(root)
+    for name, _ in identities:
+        if "\t" in name or "\n" in name:
+            raise DataError(f"{os.path.join(root, name)!r}: a tab or newline in an identity folder's name "
+                            "(identities.txt holds one 'class id<TAB>name' line each): rename the folder")
+    # the names exactly as the file system holds them (os.fsencode: a name that is not UTF-8 stays as it is)
+    names = b"".join(b"%d\t%s\n" % (class_id, os.fsencode(name)) for class_id, (name, _) in enumerate(identities))
     jobs = [(class_id, path) for class_id, (_, paths) in enumerate(identities) for path in paths]
-    writer = RecordWriter(output, len(jobs), len(identities))
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        encoded = pool.map(lambda job: load_image(job[1], size, resize), jobs)
-        for (class_id, _), payload in tqdm(zip(jobs, encoded), total=len(jobs), desc="pack", unit="img"):
-            writer.add(class_id, payload)
-    writer.close((size, size))
-    with open(os.path.join(output, "identities.txt"), "w") as f:
-        f.writelines(f"{class_id}\t{name}\n" for class_id, (name, _) in enumerate(identities))
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise DataError(f"{output}: not a folder (pack writes train.rec, train.idx, property, identities.txt into one)")
+    os.makedirs(output, exist_ok=True)
+    with hold_folder(output):
+        remove_leftovers(output)
+        writer = RecordWriter(output, len(jobs), len(identities))
+        pool = ThreadPoolExecutor(max_workers=threads)
+        try:
+            encoded = pool.map(lambda job: load_image(job[1], size, resize), jobs)
+            for (class_id, _), payload in tqdm(zip(jobs, encoded), total=len(jobs), desc="pack", unit="img"):
+                writer.add(class_id, payload)
+            writer.close((size, size), {"identities.txt": names})
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
     return len(jobs), len(identities)
 
 
@@ -85,12 +187,21 @@ def main(argv=None) -> int:
     parser.add_argument("--resize", action="store_true", help="resize images of another size to --size x --size (default: refuse them, naming the file)")
     parser.add_argument("--threads", type=int, default=4, help="threads that read and check the images (default: %(default)s)")
     args = parser.parse_args(argv)
+    logging.basicConfig(format="pack: %(message)s", level=logging.INFO)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)      # `kill` cleans up as Ctrl-C does
     try:
         images, identities = pack(args.faces, args.output, args.size, args.resize, args.threads)
     except PfcError as error:       # the project's errors (DataError, ImageError, ...)
         print(f"pack: {error}", file=sys.stderr)
         return 1
-    print(f"wrote {args.output}/train.rec, train.idx, property: {images} images of {identities} identities")
+    except OSError as error:        # the file system's own complaint (a full disk, no permission ...)
+        print(f"pack: {error.filename or args.output}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"pack: interrupted; nothing was written to {args.output}", file=sys.stderr)
+        return 130
+    print(f"wrote {args.output}/train.rec, train.idx, property, identities.txt: "
+          f"{images} images of {identities} identities")
     return 0
 
 

@@ -73,18 +73,30 @@ def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.record
         raise DataError(f"{idx_path}: empty index")
     check_offsets(reader, rec_path, idx_path)
     first = min(reader.keys)
-    header, _ = mx.recordio.unpack(read_record(reader, first, rec_path))
+    raw = read_record(reader, first, rec_path)
+    try:
+        header, _ = mx.recordio.unpack(raw)
+    except (ValueError, TypeError, struct.error) as error:
+        raise DataError(f"{rec_path}: record {first} (byte {reader.idx[first]}) has a header that does not "
+                        f"unpack: {error}") from None
     if header.flag > 0 and first == 0:
-        first_identity, end = (int(v) for v in np.asarray(header.label).ravel()[:2])
+        label = np.asarray(header.label, dtype=np.float64).ravel()
+        if label.size < 2 or not np.isfinite(label[:2]).all():
+            raise DataError(f"{rec_path}: header record has label {label.tolist()}, "
+                            "expected (first_identity_record, end)")
+        first_identity, end = (int(v) for v in label[:2])
         if not 1 <= first_identity <= end:
             raise DataError(f"{rec_path}: header record has label ({first_identity}, {end}), "
                             "expected 1 <= first_identity_record <= end")
-        images = np.arange(1, first_identity, dtype=np.int64)
+        # The header's numbers are claims: checked against the index (itself checked against the
+        # .rec's size above) before anything is allocated by them.
+        if len(reader.keys) < end:
+            raise DataError(f"{rec_path}: the header record claims {end:,} records ({first_identity - 1:,} images, "
+                            f"{end - first_identity:,} identities), but {idx_path} lists {len(reader.keys):,}: "
+                            "the header is damaged or the index is truncated")
         identities = end - first_identity
         check_class_count(identities, f"{rec_path} (header record)")
-        if len(reader.keys) < end:
-            raise DataError(f"{idx_path}: lists {len(reader.keys)} records, but the header of {rec_path} "
-                            f"announces {end}: the index is truncated")
+        images = np.arange(1, first_identity, dtype=np.int64)
     else:
         images = np.array(sorted(reader.keys), dtype=np.int64)
         identities = None
@@ -169,7 +181,8 @@ class RecordWriter:
 
     The counts are known up front so that the header is physically the first
     record, as in the sets users have. Images must arrive with class ids
-    0, 1, 2 ... in order. Files appear only on close() (written as .tmp, renamed).
+    0, 1, 2 ... in order. Files appear only on close(): each is written under a
+    name of this process (NAME.tmpPID) and renamed; abort() removes them.
     """
 
     def __init__(self, folder: str, num_images: int, num_identities: int, prefix: str = "train"):
@@ -178,8 +191,9 @@ class RecordWriter:
         self.folder = folder
         self.rec_path = os.path.join(folder, prefix + ".rec")
         self.idx_path = os.path.join(folder, prefix + ".idx")
-        self._tmp = (self.idx_path + ".tmp", self.rec_path + ".tmp")
-        self._writer = mx.recordio.MXIndexedRecordIO(*self._tmp, "w")
+        self._tag = f".tmp{os.getpid()}"
+        self._tmps = [self.rec_path + self._tag, self.idx_path + self._tag]     # renamed in this order
+        self._writer = mx.recordio.MXIndexedRecordIO(self._tmps[1], self._tmps[0], "w")
         self._num_images, self._num_identities = num_images, num_identities
         first_identity = num_images + 1
         header = mx.recordio.IRHeader(0, [float(first_identity), float(first_identity + num_identities)], 0, 0)
@@ -203,8 +217,8 @@ class RecordWriter:
         self._ranges[-1] = (self._ranges[-1][0], self._next + 1)
         self._next += 1
 
-    def close(self, image_size: "tuple[int, int]" = (112, 112)) -> None:
-        """Identity records and `property`; then the files appear atomically."""
+    def close(self, image_size: "tuple[int, int]" = (112, 112), extra: "dict[str, bytes] | None" = None) -> None:
+        """Identity records, `property` and the `extra` files ({name: bytes}); then all appear at once."""
         if self._next != self._num_images + 1 or len(self._ranges) != self._num_identities:
             raise ValueError(f"announced {self._num_images} images of {self._num_identities} identities, "
                              f"got {self._next - 1} of {len(self._ranges)}")
@@ -212,7 +226,17 @@ class RecordWriter:
             header = mx.recordio.IRHeader(0, [float(start), float(end)], self._next + offset, 0)
             self._writer.write_idx(self._next + offset, mx.recordio.pack(header, b""))
         self._writer.close()
-        os.replace(self._tmp[1], self.rec_path)
-        os.replace(self._tmp[0], self.idx_path)
-        with open(os.path.join(self.folder, "property"), "w") as f:
-            f.write(f"{len(self._ranges)},{image_size[0]},{image_size[1]}\n")
+        files = {"property": f"{len(self._ranges)},{image_size[0]},{image_size[1]}\n".encode(), **(extra or {})}
+        for name, data in files.items():
+            self._tmps.append(os.path.join(self.folder, name) + self._tag)
+            with open(self._tmps[-1], "wb") as f:
+                f.write(data)
+        for tmp in self._tmps:
+            os.replace(tmp, tmp[:-len(self._tag)])
+
+    def abort(self) -> None:
+        """Close and remove what was written: nothing of this writer remains."""
+        self._writer.close()
+        for tmp in self._tmps:
+            if os.path.exists(tmp):
+                os.remove(tmp)
