@@ -36,6 +36,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,6 +58,29 @@ def stop_request_path(output: str) -> str:
 def stopped_record_path(output: str) -> str:
     """Where the trainer says that it stopped at a checkpoint on request (JSON: step, world size)."""
     return os.path.join(output, "elastic", "stopped-at-checkpoint.json")
+
+
+def finished_record_path(output: str) -> str:
+    """The run's own word that it ended normally (rank 0 writes it last; a run clears it as it starts).
+    "Finished" is read from it, never inferred from an exit status or an absent failure record: a
+    supervisor that adopted a job cannot see the job's exit status."""
+    return os.path.join(output, "logs", "finished.json")
+
+
+def busy_record_path(output: str) -> str:
+    """Where a trainer refused by the output lock says so (JSON: the holder), for its supervisor: a
+    refusal is no lost rank, and the holder is the job to watch."""
+    return os.path.join(output, "elastic", "output-busy.json")
+
+
+def record_busy(output: str, message: str) -> None:
+    """Rank 0 refused by the output lock: say so to the supervisor, if one runs (OUTPUT/elastic exists)."""
+    if os.path.isdir(os.path.dirname(busy_record_path(output))):
+        try:
+            with open(busy_record_path(output), "w") as f:
+                json.dump({"refused": message}, f)
+        except OSError:
+            pass
 
 
 # ------------------------------------------------------------------ hosts
@@ -125,8 +149,17 @@ def _processes() -> "dict[int, tuple[int, str]]":
     return table
 
 
+def _alive(pid: int, started: str) -> bool:
+    """Whether process `pid` still runs and is the one that started at `started` (pids are reused)."""
+    from .run_lock import process_stat
+    stat = process_stat(pid)
+    return stat is not None and stat[1] == started
+
+
 class Job:
-    """One horovodrun launch of the trainer, in a session of its own.
+    """One horovodrun launch of the trainer, in a session of its own: launched by this supervisor, or
+    adopted from one that is gone (then it is not our child: its exit status cannot be known, and its
+    end is read from its records).
 
     horovodrun starts each local rank in a session of its own, and a rank whose
     launcher died is handed to init, so the job's processes cannot be found from
@@ -134,40 +167,51 @@ class Job:
     the job runs, and `stop` kills whichever of them are still there.
     """
 
-    def __init__(self, command: "list[str]"):
-        # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
-        self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    def __init__(self, pid: int, started: str, proc: "subprocess.Popen | None" = None):
+        self.pid, self.started, self.proc = pid, started, proc
         self.known: "dict[int, str]" = {}
         self.track()
+
+    @classmethod
+    def launch(cls, command: "list[str]") -> "Job":
+        # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        from .run_lock import process_stat
+        stat = process_stat(proc.pid)
+        return cls(proc.pid, stat[1] if stat else "", proc)
 
     def track(self) -> None:
         """Note every process now below horovodrun."""
         table = _processes()
+        if self.pid not in table or table[self.pid][1] != self.started:
+            return
         children = {}
         for pid, (ppid, _) in table.items():
             children.setdefault(ppid, []).append(pid)
-        todo = [self.proc.pid]
+        todo = [self.pid]
         while todo:
             pid = todo.pop()
             if pid in table:
                 self.known.setdefault(pid, table[pid][1])
             todo.extend(children.get(pid, []))
 
-    def poll(self) -> "int | None":
-        return self.proc.poll()
+    def running(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return _alive(self.pid, self.started)
 
-    def stop(self, signum: int = signal.SIGTERM, grace: float = 30.0) -> int:
-        """Pass `signum` to horovodrun (it ends its ranks), then kill whatever is left after `grace` s."""
-        if self.proc.poll() is None:
+    def stop(self, signum: int = signal.SIGTERM, grace: float = 30.0) -> "int | None":
+        """Pass `signum` to horovodrun (it ends its ranks), then kill whatever is left after `grace` s.
+        Returns horovodrun's exit status (None for an adopted job)."""
+        if self.running():
             self.track()
             try:
-                self.proc.send_signal(signum)
+                os.kill(self.pid, signum)
             except ProcessLookupError:
                 pass
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
+            deadline = time.time() + grace
+            while self.running() and time.time() < deadline:
+                time.sleep(0.1)
         table = _processes()
         for pid, started in self.known.items():
             if pid in table and table[pid][1] == started:        # the same process, not a reused pid
@@ -175,16 +219,41 @@ class Job:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        return self.proc.wait()
+        return self.proc.wait() if self.proc is not None else None
+
+
+class HeldOutput:
+    """A run of the output folder that no supervisor of this host launched (started by hand, or from
+    another host): watched through its output lock only, and never stopped by us."""
+
+    def __init__(self, output: str, holder):
+        self.output, self.holder = output, holder
+
+    def track(self) -> None:
+        pass
+
+    def running(self) -> bool:
+        from . import run_lock
+        return run_lock.live_holder(self.output) == self.holder
+
+    def stop(self, signum: int = signal.SIGTERM, grace: float = 0.0) -> None:
+        return None
 
 
 def wait_for_lock(output: str, timeout: float) -> None:
-    """Until the output folder's run lock is free or its holder gone (a rank 0 on a lost host holds it
-    until it has not been refreshed for run_lock.STALE_SECONDS), at most `timeout` s."""
+    """Until the output folder's run lock is free or its holder gone, at most `timeout` s: after a lost
+    rank, the job's rank 0 on a lost host holds it until it has not been refreshed for
+    run_lock.STALE_SECONDS (a launch refused meanwhile says so, and its holder is then adopted)."""
     from . import run_lock
     deadline = time.time() + timeout
     while time.time() < deadline and run_lock.holder_active(output):
         time.sleep(1.0)
+
+
+def job_record_path(output: str) -> str:
+    """The supervisor's record of the job it launched (horovodrun's pid and start time, its ranks and
+    hosts): how a supervisor started after this one was killed finds the job's processes."""
+    return os.path.join(output, "elastic", "job.json")
 
 
 # ------------------------------------------------------------------ the supervisor
@@ -233,15 +302,33 @@ def job_failure(output: str, ranks: int) -> "str | None":
     return stops.first_failure(stops.read_records(os.path.join(output, "logs"), range(ranks)))
 
 
-def latest_checkpoint_step(output: str) -> "int | None":
+def newest_checkpoint(output: str) -> str:
+    """The newest complete checkpoint, named by what it holds, or '-'."""
     from . import checkpoint
-    steps = checkpoint.list_steps(os.path.join(output, "checkpoints"))
-    return steps[-1] if steps else None
+    saved = checkpoint.latest(os.path.join(output, "checkpoints"))
+    return "-" if saved is None else saved.describe()
+
+
+def _read_json(path: str) -> "dict | None":
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str):
+    def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str, start_over: bool):
         self.args, self.trainer_args, self.output = args, trainer_args, output
+        self.start_over = start_over        # the first launch starts afresh (the trainer moves the old run aside)
         self.timeline = os.path.join(output, "elastic-timeline.tsv")
         self.restarts = 0
         self.interrupted: "int | None" = None
@@ -249,17 +336,17 @@ class Supervisor:
         os.makedirs(os.path.join(output, "logs"), exist_ok=True)
 
     # -- records
-    def event(self, ranks: int, hosts, what: str) -> None:
+    def event(self, ranks: "int | None", hosts, what: str) -> None:
         """One line of the timeline and of the log."""
-        step = latest_checkpoint_step(self.output)
+        held = newest_checkpoint(self.output)
         hosts_text = ",".join(f"{h}:{n}" for h, n in hosts) or "-"
+        ranks_text = "?" if ranks is None else str(ranks)
         new = not os.path.exists(self.timeline)
         with open(self.timeline, "a") as f:
             if new:
-                f.write("time\tstep\tranks\thosts\tevent\n")
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}\t{'-' if step is None else step}\t{ranks}\t"
-                    f"{hosts_text}\t{what}\n")
-        log.info(f"[step {'-' if step is None else step}, {ranks} ranks on {hosts_text}] {what}")
+                f.write("time\tcheckpoint\tranks\thosts\tevent\n")
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}\t{held}\t{ranks_text}\t{hosts_text}\t{what}\n")
+        log.info(f"[newest checkpoint {held}; {ranks_text} ranks on {hosts_text}] {what}")
 
     # -- discovery
     def hosts_now(self) -> Hosts:
@@ -291,7 +378,7 @@ class Supervisor:
         while self.interrupted is None and time.time() < end:
             time.sleep(min(0.2, end - time.time()))
 
-    # -- launching
+    # -- launching and adopting
     def command(self, assigned, resume: bool) -> "list[str]":
         args = self.trainer_args
         if resume:
@@ -302,54 +389,114 @@ class Supervisor:
                 *launcher_options(self.args.horovodrun_args, [h for h, _ in assigned]),
                 "bash", str(REPO / "config.sh"), "--", *args]
 
+    def launch(self, assigned, resume: bool) -> Job:
+        """Start the job and record it (job.json) for a supervisor that may have to adopt it."""
+        for path in (stop_request_path(self.output), stopped_record_path(self.output),
+                     busy_record_path(self.output)):
+            _remove(path)
+        job = Job.launch(self.command(assigned, resume))
+        from .files import write_json
+        from .run_lock import boot_id
+        write_json(job_record_path(self.output), dict(
+            pid=job.pid, started=job.started, host=socket.gethostname(), boot_id=boot_id(),
+            ranks=sum(n for _, n in assigned), hosts=[list(a) for a in assigned]))
+        return job
+
+    def adopt(self) -> "tuple[Job | HeldOutput, int | None, tuple] | None":
+        """The live job of this output folder (its run lock held by a process that is not gone), or None.
+
+        A job launched by a supervisor of this host (job.json names its horovodrun,
+        still running) is adopted whole: its processes are tracked and stopped as
+        our own. Any other holder (a run started by hand, or from another host) is
+        watched through the lock until it lets go.
+        """
+        from . import run_lock
+        from .run_lock import boot_id
+        holder = run_lock.live_holder(self.output)
+        record = _read_json(job_record_path(self.output)) or {}
+        ours = (record.get("host") == socket.gethostname() and record.get("boot_id") == boot_id()
+                and isinstance(record.get("pid"), int) and _alive(record["pid"], str(record.get("started"))))
+        if holder is None and not ours:
+            return None
+        _remove(busy_record_path(self.output))        # a refusal recorded before this job is no word of it
+        if ours:
+            job = Job(record["pid"], str(record["started"]))
+            ranks, assigned = record.get("ranks"), tuple(tuple(a) for a in record.get("hosts", []))
+            self.event(ranks, assigned, f"adopted the running job (horovodrun pid {job.pid}"
+                                        + (f"; output held by {holder.describe()}" if holder else "")
+                                        + "): watching it")
+            return job, ranks, assigned
+        self.event(None, (), f"adopted the running job holding the output ({holder.describe()}): watching its "
+                             f"output lock until it ends")
+        return HeldOutput(self.output, holder), None, ()
+
     def run(self) -> int:
         resume = option_value(self.trainer_args, "--resume") is not None
         reason = "start"
+        adopted = self.adopt()
+        if adopted is None and not self.start_over and os.path.exists(finished_record_path(self.output)):
+            self.event(0, (), f"finished (the run's record {finished_record_path(self.output)}): nothing to launch")
+            return 0
         while True:
-            hosts = self.wait_for_hosts()
+            if adopted is not None:
+                job, np_, assigned = adopted
+            else:
+                hosts = self.wait_for_hosts()
+                if self.interrupted is not None:
+                    return 128 + self.interrupted
+                if hosts is None:
+                    self.event(0, (), f"gave up: fewer than --min-np {self.args.min_np} slots for "
+                                      f"{self.args.wait_timeout:g} s")
+                    return EXIT_GAVE_UP
+                assigned = hosts.assign(self.args.max_np)
+                np_ = sum(n for _, n in assigned)
+                fresh = self.start_over and reason == "start"
+                resume = not fresh and (resume or newest_checkpoint(self.output) != "-")
+                self.event(np_, assigned, f"launch ({reason})" + (": --resume latest" if resume else ""))
+                job = self.launch(assigned, resume)
+            code = self.watch(job, np_, assigned)
+            adopted = None
             if self.interrupted is not None:
+                left = " (not ours to stop: left running)" if isinstance(job, HeldOutput) else ""
+                self.event(np_, assigned, f"interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
                 return 128 + self.interrupted
-            if hosts is None:
-                self.event(0, (), f"gave up: fewer than --min-np {self.args.min_np} slots for "
-                                  f"{self.args.wait_timeout:g} s")
-                return EXIT_GAVE_UP
-            assigned = hosts.assign(self.args.max_np)
-            np_ = sum(n for _, n in assigned)
-            for path in (stop_request_path(self.output), stopped_record_path(self.output)):
-                if os.path.exists(path):
-                    os.remove(path)
-            resume = resume or latest_checkpoint_step(self.output) is not None
-            wait_for_lock(self.output, timeout=120.0)
-            self.event(np_, assigned, f"launch ({reason})" + (": --resume latest" if resume else ""))
-            code, stopped = self.watch(Job(self.command(assigned, resume)), np_, assigned)
-            if self.interrupted is not None:
-                self.event(np_, assigned, f"interrupted ({signal.Signals(self.interrupted).name}): job stopped")
-                return 128 + self.interrupted
-            if code == 0 and stopped is not None:
-                reason = f"grow: stopped at the checkpoint of step {stopped['step']} to take more ranks"
+            status = "exit status unknown: adopted" if code is None else f"exit {code}"
+            stopped = _read_json(stopped_record_path(self.output))
+            if stopped is not None:
+                reason = f"grow: stopped at {newest_checkpoint(self.output)} to take more ranks"
                 continue
-            if code == 0:
+            if os.path.exists(finished_record_path(self.output)):
                 self.event(np_, assigned, "finished")
                 return 0
-            failure = job_failure(self.output, np_)
+            busy = _read_json(busy_record_path(self.output))
+            if busy is not None:
+                self.event(np_, assigned, f"the job was refused by the output lock ({busy.get('refused')}): "
+                                          f"not a lost rank; watching the run that holds it")
+                adopted = self.adopt()
+                if adopted is None:
+                    reason = "the run that held the output has ended"
+                continue
+            failure = job_failure(self.output, np_ or self.args.max_np)
             if failure is not None or code == 2:
-                self.event(np_, assigned, f"failed on an error of its own (exit {code}): "
+                self.event(np_, assigned, f"failed on an error of its own ({status}): "
                                           f"{failure or 'a configuration error'}; not relaunched")
-                return code
+                return 1 if code is None else code
             if self.restarts >= self.args.max_restarts:
-                self.event(np_, assigned, f"gave up: the job ended (exit {code}) and --max-restarts "
-                                          f"{self.args.max_restarts} relaunches are spent")
+                self.event(np_, assigned, f"gave up: the job ended ({status}) without finishing and "
+                                          f"--max-restarts {self.args.max_restarts} relaunches are spent")
                 return EXIT_GAVE_UP
             self.restarts += 1
-            reason = f"restart {self.restarts}/{self.args.max_restarts}: the job lost a rank or host (exit {code})"
+            reason = f"restart {self.restarts}/{self.args.max_restarts}: the job lost a rank or host ({status})"
+            wait_for_lock(self.output, timeout=120.0)
 
-    def watch(self, job: Job, np_: int, assigned) -> "tuple[int, dict | None]":
-        """Until the job ends (or we are interrupted): ask it to grow when more slots appear."""
-        asked = False
+    def watch(self, job: "Job | HeldOutput", np_: "int | None", assigned) -> "int | None":
+        """Until the job ends (or we are interrupted): ask it to grow when more slots appear. Returns
+        its exit status (None when adopted)."""
+        asked = np_ is None         # a job we know nothing of is not asked to grow
         next_look = time.time() + self.args.discovery_interval
-        while job.poll() is None:
+        while job.running():
             if self.interrupted is not None:
-                return job.stop(self.interrupted, grace=self.args.stop_grace), None
+                return job.stop(self.interrupted, grace=self.args.stop_grace)
             if not asked and time.time() >= next_look:
                 next_look = time.time() + self.args.discovery_interval
                 available = min(self.hosts_now().total, self.args.max_np)
@@ -361,12 +508,7 @@ class Supervisor:
                     asked = True
             job.track()
             time.sleep(0.5)
-        code = job.stop(grace=0)            # ended: nothing of it may stay behind
-        try:
-            with open(stopped_record_path(self.output)) as f:
-                return code, json.load(f)
-        except (OSError, ValueError):
-            return code, None
+        return job.stop(grace=0)            # ended: nothing of it may stay behind
 
     def interrupt(self, signum, frame) -> None:
         self.interrupted = signum
@@ -433,7 +575,7 @@ def main(argv=None) -> int:
     if lock.took_over:
         log.info(f"took over from a supervisor that is gone: {lock.took_over}")
     try:
-        supervisor = Supervisor(args, trainer_args, cfg.output)
+        supervisor = Supervisor(args, trainer_args, cfg.output, cfg.start_over)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, supervisor.interrupt)
         return supervisor.run()

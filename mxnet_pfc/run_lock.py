@@ -44,12 +44,18 @@ def boot_id() -> str:
 
 
 def process_stat(pid: int) -> "tuple[int, str] | None":
-    """(parent pid, start time in clock ticks since boot) of process `pid`, or None when there is none."""
+    """(parent pid, start time in clock ticks since boot) of process `pid`, or None when there is none.
+
+    A process that has ended but is not reaped yet (a zombie: an orphan whose new parent, pid 1 of a
+    container, may never reap it) is none.
+    """
     try:
         stat = open(f"/proc/{pid}/stat").read()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()      # proc(5) fields 3 on, counted after the name
+    if fields[0] in ("Z", "X"):                        # field 3: the state
+        return None
     return int(fields[1]), fields[19]                  # fields 4 and 22
 
 
@@ -144,6 +150,17 @@ def holder_active(folder: str) -> bool:
         return False
     age = _filesystem_now(folder) - mtime
     return age <= STALE_SECONDS if holder is None else not holder.gone(age)[0]
+
+
+def live_holder(folder: str) -> "Holder | None":
+    """The run that holds `folder` and is not gone, or None (also while a lock is being written)."""
+    try:
+        holder, mtime = _read(os.path.join(folder, LOCK_NAME))
+    except FileNotFoundError:
+        return None
+    if holder is None or holder.gone(_filesystem_now(folder) - mtime)[0]:
+        return None
+    return holder
 
 
 def acquire(folder: str) -> OutputLock:

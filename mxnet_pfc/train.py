@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 import symbols
 
-from . import checkpoint, comm, device, elastic, logs, output_folder, run_lock, seeding, stops
+from . import checkpoint, comm, device, elastic, logs, output_folder, run_lock, seeding, stops, watchdog
 from . import config as config_lib
 from . import resume as resume_lib
 from .data import folders, synthetic
@@ -120,10 +120,16 @@ def claim_output(cfg: config_lib.Config, rank: int):
     try:
         with comm.fail_together("starting the run"):
             if rank == 0:
-                lock = run_lock.acquire(output)
+                try:
+                    lock = run_lock.acquire(output)
+                except run_lock.OutputBusyError as error:
+                    elastic.record_busy(output, str(error))     # a refusal, not a lost rank, to a supervisor
+                    raise
                 note = output_folder.prepare(output, cfg.resume, cfg.start_over)
                 os.makedirs(os.path.join(output, "logs"), exist_ok=True)
                 stops.clear_records(os.path.join(output, "logs"))
+                if os.path.exists(elastic.finished_record_path(output)):        # an earlier run's word
+                    os.remove(elastic.finished_record_path(output))
     except BaseException:
         if lock is not None:
             lock.release()
@@ -139,11 +145,12 @@ def train(cfg: config_lib.Config) -> dict:
     try:
         log_path = logs.setup(cfg.output, rank)
         stops.start(os.path.join(cfg.output, "logs"))
+        watchdog.start(os.path.join(cfg.output, "logs"), cfg.stall_timeout)
         if rank == 0 and lock.took_over:
             log.info(f"took over the output folder from a run that is gone ({lock.took_over})")
         if earlier_run:
             log.info(earlier_run)
-        with comm.fail_together("setup"):
+        with comm.fail_together("setup"), watchdog.working("setup"):
             setup = prepare(cfg, rank, world)
         cfg, plan, resume = setup.cfg, setup.plan, setup.resume
         with comm.fail_together("writing config.json"):
@@ -156,7 +163,7 @@ def train(cfg: config_lib.Config) -> dict:
         head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol)
         log.info(f"{head}; log file {log_path}")
         if resume is not None:
-            with comm.fail_together("resuming"):
+            with comm.fail_together("resuming"), watchdog.working("resuming"):
                 resume_lib.restore(resume, module, head.bank)
             log.info(resume_lib.describe(resume))
             if plan.length_note:
@@ -215,6 +222,7 @@ class Trainer:
                 except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
                     raise type(error)(f"step {step + 1}: {error}") from None
                 window.step_done()
+                watchdog.progress()
                 progress.update(1)
                 done = step + 1
                 if done % cfg.frequent == 0 or done == plan.max_update:
@@ -275,7 +283,8 @@ class Trainer:
         """
         if not self.setup.evaluation:
             return {}
-        return self.setup.evaluation.evaluate(step, params or self.module.get_params(), self.metrics, self.best)
+        with watchdog.working("verification"):
+            return self.setup.evaluation.evaluate(step, params or self.module.get_params(), self.metrics, self.best)
 
     def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
         """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""
@@ -286,9 +295,10 @@ class Trainer:
                      next_lr=self.setup.schedule(step), seed=cfg.seed, best=self.best,
                      data=dict(epoch=step // plan.steps_per_epoch, step_in_epoch=step % plan.steps_per_epoch),
                      config=cfg.to_dict())
-        return checkpoint.save(os.path.join(cfg.output, "checkpoints"), step, module=self.module,
-                               bank=self.head.bank, symbol=self.setup.symbol, state=state,
-                               keep=cfg.keep_checkpoints, backbone=backbone)
+        with watchdog.working("checkpoint"):
+            return checkpoint.save(os.path.join(cfg.output, "checkpoints"), step, module=self.module,
+                                   bank=self.head.bank, symbol=self.setup.symbol, state=state,
+                                   keep=cfg.keep_checkpoints, backbone=backbone)
 
     def export(self, backbone: checkpoint.BackboneSnapshot) -> "tuple[str, dict]":
         """Rank 0: the model for inference (embedding only, rank-averaged parameters) and its verification.
@@ -338,6 +348,10 @@ class Trainer:
                      f"model for inference: {prefix}-symbol.json + {prefix}-0000.params")
         mx.nd.waitall()
         comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 writes
+        if self.rank == 0:      # the run's own word that it ended normally, for a supervisor (elastic.py)
+            write_json(elastic.finished_record_path(self.cfg.output),
+                       dict(steps=self.plan.max_update, samples_seen=self.samples_seen(self.plan.max_update),
+                            world_size=self.world, checkpoint=last))
         return summary
 
 

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -169,3 +170,26 @@ def saved_steps(root) -> "list[int]":
     """The step labels of the complete checkpoints under `root`, in the order they were written."""
     from mxnet_pfc import checkpoint
     return [saved.step for saved in checkpoint.list_checkpoints(str(root))]
+
+
+def held_samples(event: dict) -> int:
+    """The samples seen of the newest checkpoint named in a timeline record (its `checkpoint` column)."""
+    import re
+    return int(re.search(r"\(([\d,]+) samples seen", event["checkpoint"]).group(1).replace(",", ""))
+
+
+@contextmanager
+def frozen(pids):
+    """The processes `pids` stopped (SIGSTOP) inside the block: a test's event, not a machine's speed,
+    decides what the job has done by the time something else happens. Continued after (SIGCONT)."""
+    pids = list(pids)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass

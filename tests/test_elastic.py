@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from launch import ELASTIC, elastic_timeline as timeline, finish_command, last_logged_step, start_command, \
-    tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
-from mxnet_pfc import elastic
+from launch import ELASTIC, elastic_timeline as timeline, finish_command, frozen, held_samples, last_logged_step, \
+    start_command, tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
+from mxnet_pfc import checkpoint, elastic
 
 def test_parse_hosts_reads_horovods_format():
     hosts = elastic.parse_hosts("a:2\nb\n# a comment\n\nc:0\na:3\n", default_slots=4)
@@ -21,7 +21,12 @@ def test_parse_hosts_reads_horovods_format():
 def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_path):
     """1 rank -> the script lists 2 slots -> the job stops at its next checkpoint and relaunches on 2 ->
     rank 1 is killed -> relaunched on 2 from the last checkpoint -> finishes. No step is lost beyond the
-    last checkpoint or trained twice after it; nothing is left running."""
+    last checkpoint or trained twice after it; nothing is left running.
+
+    What the job has done when the test acts is decided by events, not by the machine's speed: the
+    job is frozen (SIGSTOP) from the moment the script lists a second slot until the supervisor says
+    it asked the job to stop, so it grows at its next checkpoint; rank 1 is killed while both ranks
+    are frozen after the first checkpoint written on 2 ranks."""
     data, _ = reference
     output, hosts = tmp_path / "run", tmp_path / "hosts.txt"
     hosts.write_text("localhost:1\n")
@@ -30,21 +35,26 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
                          + tiny_synthetic_run(data, output, "--max_update", 48, "--save_interval", 6,
                                               "--frequent", 1, "--verbose", 1000, "--keep_checkpoints", 3))
     wait_until(lambda: last_logged_step(output) >= 2, 240, "one rank training", proc=proc)
-    hosts.write_text("localhost:2\n")
-    wait_until(lambda: any(e["event"].startswith("launch (grow") for e in timeline(output)), 240,
-               "the relaunch on 2 ranks", proc=proc)
-    grown_from = int(next(e for e in timeline(output) if e["event"].startswith("launch (grow"))["step"])
-    wait_until(lambda: last_logged_step(output) >= grown_from + 8, 240, "two ranks training", proc=proc)
-    pid = wait_until(lambda: trainer_pid(output, 1), 30, "rank 1's trainer", proc=proc)
-    os.kill(pid, signal.SIGKILL)
+    with frozen(trainer_processes(output)):
+        hosts.write_text("localhost:2\n")
+        wait_until(lambda: any("asked the job to stop" in e["event"] for e in timeline(output)), 120,
+                   "the request to stop at the next checkpoint", proc=proc)
+    grow = wait_until(lambda: next((e for e in timeline(output) if e["event"].startswith("launch (grow")), None),
+                      240, "the relaunch on 2 ranks", proc=proc)
+    grown_at = held_samples(grow)
+    assert grown_at in (48, 96), grow        # the first checkpoint after the request (every 6 steps of 8)
+    wait_until(lambda: (getattr(checkpoint.latest(str(output / "checkpoints")), "world_size", 0) == 2
+                        and trainer_pid(output, 0) and trainer_pid(output, 1)), 240,
+               "a checkpoint written on two ranks", proc=proc)
+    with frozen([trainer_pid(output, 0)]):
+        os.kill(trainer_pid(output, 1), signal.SIGKILL)
     out = finish_command(proc, timeout=400)
     assert proc.returncode == 0, out[-4000:]
     events = timeline(output)
     assert events[0]["event"] == "launch (start)" and events[0]["ranks"] == "1", events
-    assert any("asked the job to stop at its next checkpoint" in e["event"] for e in events), events
-    grow = next(e for e in events if e["event"].startswith("launch (grow"))
     restart = next(e for e in events if e["event"].startswith("launch (restart 1/1"))
     assert grow["ranks"] == restart["ranks"] == "2" and "--resume latest" in restart["event"], events
+    assert "on 2 rank(s)" in restart["checkpoint"], restart      # the checkpoint is named by what it holds
     assert events[-1]["event"] == "finished", events
     # The metrics, in samples trained (steps are renumbered when the global batch changes): every
     # step once and in order, one global batch (8 per rank) after the other, to the run's length
@@ -53,7 +63,7 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
     trained = [(r["samples"], r["world_size"]) for r in records if "loss" in r]
     assert [b - a for (a, _), (b, w) in zip(trained, trained[1:])] == [8 * w for _, w in trained[1:]], trained
     assert trained[0] == (8, 1) and trained[-1] == (48 * 8, 2), trained
-    assert [w for s, w in trained if s <= grown_from * 8] == [1] * grown_from, trained
+    assert [w for s, w in trained if s <= grown_at] == [1] * (grown_at // 8), trained
     assert "summary" in records[-1], records[-1]           # the run ended with its export
     assert trainer_processes(output) == []
 
@@ -124,8 +134,8 @@ def test_max_restarts_and_ctrl_c_during_a_restart_leave_nothing_running(tmp_path
     if max_restarts == 0:
         out = finish_command(proc, timeout=60)
         assert proc.returncode == elastic.EXIT_GAVE_UP, out
-        assert timeline(output)[-1]["event"] == ("gave up: the job ended (exit 1) and --max-restarts 0 "
-                                                 "relaunches are spent")
+        assert timeline(output)[-1]["event"] == ("gave up: the job ended (exit 1) without finishing and "
+                                                 "--max-restarts 0 relaunches are spent")
     else:
         wait_until(lambda: any(e["event"].startswith("launch (restart 1/3") for e in timeline(output))
                    and marked(mark), 60, "the relaunched job", proc=proc)
@@ -141,3 +151,39 @@ def test_max_restarts_and_ctrl_c_during_a_restart_leave_nothing_running(tmp_path
         assert timeline(output)[-1]["event"] == "interrupted (SIGINT): job stopped"
     assert marked(mark) == [], "a rank of the job is still running"
 
+
+
+# Stands in for horovodrun whose trainer is refused by the output lock at the first launch (it says so in
+# OUTPUT/elastic/output-busy.json, as the trainer's rank 0 does, and exits 1), then runs until stopped.
+BUSY_LAUNCHER = """#!/usr/bin/env bash
+if [[ ! -e "$FAKE_STATE" ]]; then
+    touch "$FAKE_STATE"
+    echo '{"refused": "in use by another run (pid 1 on host elsewhere)"}' > "$FAKE_OUTPUT/elastic/output-busy.json"
+    exit 1
+fi
+setsid bash -c "exec -a elastic-test-rank-$FAKE_MARK sleep 1000" &
+while true; do sleep 1; done
+"""
+
+
+def test_a_refusal_by_the_output_lock_is_no_lost_rank(tmp_path):
+    """A launch refused because another run holds the output is not counted as a restart (with
+    --max-restarts 0 it used to end the supervisor with exit 3): the holder, gone by then, is not
+    adopted, and the job is launched again."""
+    output, fake = tmp_path / "run", tmp_path / "fake-horovodrun"
+    fake.write_text(BUSY_LAUNCHER)
+    fake.chmod(0o755)
+    mark = f"{os.getpid()}-busy"
+    proc = start_command(ELASTIC + ["--host-discovery-script", "echo localhost:1", "--horovodrun", fake,
+                                    "--max-restarts", 0, "--stop-grace", 1, "--discovery-interval", 1,
+                                    "--", "--output", output, "--max_update", 5],
+                         env={"FAKE_STATE": str(tmp_path / "launched"), "FAKE_MARK": mark, "FAKE_OUTPUT": str(output)})
+    wait_until(lambda: marked(mark), 60, "the second launch", proc=proc)
+    os.kill(proc.pid, signal.SIGINT)
+    out = finish_command(proc, timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, out
+    events = [e["event"] for e in timeline(output)]
+    assert events[0] == "launch (start)" and events[1].startswith("the job was refused by the output lock (in use "
+                                                                   "by another run (pid 1 on host elsewhere)): not a lost rank"), events
+    assert events[2] == "launch (the run that held the output has ended)", events
+    assert marked(mark) == []
