@@ -335,16 +335,19 @@ def _discarded_on_failure(what: str, tmp: str, rank: int, explain):
 def _explain_write_error(error: BaseException, root: str, final: str, rank: int, bank: MemoryBank,
                          backbone: BackboneSnapshot) -> BaseException:
     """A failed write, said plainly: on a full disk, how much was needed and free, and what is still safe."""
-    full = getattr(error, "errno", None) == errno.ENOSPC or "space" in str(error).lower()
-    if not full:
-        return error
     try:
         free = shutil.disk_usage(root).free
     except OSError:
         free = None
     per_rank = bank.nbytes + sum(v.size * 4 for v in backbone.aux_params.values())
     params = sum(v.size * 4 for v in list(backbone.arg_params.values()) + list(backbone.aux_params.values()))
-    needed = per_rank + (3 * params if rank == 0 else 0)       # model, model-average, optimizer.states
+    needed = per_rank + (3 * params if rank == 0 else 0)       # model, model-average, optimizer states
+    # MXNet's own writers (the .params files) say only "FileStream.Write incomplete" on a full disk
+    full = (getattr(error, "errno", None) == errno.ENOSPC or "space" in str(error).lower()
+            or (isinstance(error, mx.base.MXNetError) and "Write incomplete" in str(error)
+                and free is not None and free < needed))
+    if not full:
+        return error
     newest = latest(root)
     previous = (f"the previous checkpoint {newest.describe()} is intact" if newest
                 else "there is no earlier checkpoint")
