@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from contextlib import contextmanager
 
 import mxnet as mx
@@ -28,16 +29,29 @@ FAULT_BOUNDS = {
     # a peer that stops answering (host down, link cut, process frozen): a Gloo
     # operation fails after this (Horovod's default; horovodrun --gloo-timeout-seconds)
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "30",
-    # a rank alive but stuck outside collectives (hung file system, deadlock):
-    # warn after 60 s, shut down after 20 min. Longer than any legitimate pause
-    # (rank 0 verifying or writing a checkpoint); raise it if yours are longer.
+    # Horovod's stall check (it acts under MPI only): a warning naming the ranks that
+    # have not joined a collective after 60 s. A rank stuck outside collectives is
+    # stopped by watchdog.py (--stall_timeout) under every launcher, so Horovod's
+    # shutdown stays off: two timers would race to stop the same stall.
     "HOROVOD_STALL_CHECK_TIME_SECONDS": "60",
-    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "1200",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0",
 }
 
 _hvd = None          # the horovod.mxnet module once initialised with size > 1
 _initialised = False
 _rank, _size, _local_rank, _local_size = 0, 1, 0, 1
+# The collective this rank entered last, and when (time.monotonic()): for watchdog.py, which
+# tells a rank waiting in a collective for a stuck peer from the stuck rank itself.
+_entered = {"name": None, "at": 0.0}
+
+
+def _enter(name: str) -> None:
+    _entered["name"], _entered["at"] = name, time.monotonic()
+
+
+def last_collective() -> "tuple[str | None, float]":
+    """(name, time.monotonic() when entered) of the collective this rank entered last; (None, 0.0) before any."""
+    return _entered["name"], _entered["at"]
 
 
 def init() -> None:
@@ -94,6 +108,7 @@ def allgather(tensor: mx.nd.NDArray, name: str | None = None) -> mx.nd.NDArray:
     """
     if _hvd is None:
         return tensor
+    _enter(name or "allgather")
     return _hvd.allgather(tensor, name=name)
 
 
@@ -102,6 +117,7 @@ def allreduce(tensor: mx.nd.NDArray, op: str = "sum", name: str | None = None) -
     if _hvd is None:
         return tensor
     ops = {"sum": _hvd.Sum, "max": _hvd.Max, "min": _hvd.Min, "average": _hvd.Average}
+    _enter(name or "allreduce")
     return _hvd.allreduce(tensor, op=ops[op], name=name)
 
 
@@ -109,12 +125,14 @@ def broadcast(tensor: mx.nd.NDArray, root_rank: int = 0, name: str | None = None
     """Rank root_rank's tensor, on every rank."""
     if _hvd is None:
         return tensor
+    _enter(name or "broadcast")
     return _hvd.broadcast(tensor, root_rank=root_rank, name=name)
 
 
 def barrier() -> None:
     """Returns once every rank has called it (a host sync point)."""
     if _hvd is not None:
+        _enter("barrier")
         _hvd.allreduce(mx.nd.zeros((1,)), op=_hvd.Sum, name="barrier").wait_to_read()
 
 
@@ -130,6 +148,7 @@ def gather_rows(row: "list[float]") -> "list[list[float]]":
     table = np.zeros((size(), len(row)), dtype=np.float64)
     table[rank()] = row
     reduced = allreduce(mx.nd.array(table, ctx=mx.cpu(), dtype="float64"), op="sum")
+    _enter("gather_rows")
     return reduced.asnumpy().tolist()
 
 
@@ -144,6 +163,7 @@ def broadcast_parameters(params: "dict[str, mx.nd.NDArray]", root_rank: int = 0)
     if _hvd is None:
         return
     for name, tensor in sorted(params.items()):
+        _enter(f"parameter.{name}")
         _hvd.broadcast_(tensor, root_rank, name=f"parameter.{name}")
         tensor.wait_to_read()
 
@@ -176,7 +196,9 @@ def raise_if_any_failed(error: "BaseException | None", what: str) -> None:
     row = np.zeros(MESSAGE_BYTES + 1, dtype=np.int32)
     row[0] = 1 if error is not None else 0
     row[1:1 + len(text)] = np.frombuffer(text, dtype=np.uint8)
-    table = allgather(mx.nd.array(row[None], ctx=mx.cpu(), dtype="int32"), name="agree").asnumpy()
+    gathered = allgather(mx.nd.array(row[None], ctx=mx.cpu(), dtype="int32"), name="agree")
+    _enter(f"agree: {what}")
+    table = gathered.asnumpy()
     failed = [r for r in range(len(table)) if table[r, 0]]
     if error is not None:
         raise error

@@ -94,6 +94,7 @@ class Config:
     val_at_start: bool = False         # also verify the initial model (a baseline)
     save_interval: int = 2000          # checkpoint every this many steps (and at the end); 0: only at the end
     keep_checkpoints: int = 3          # the newest this many are kept in OUTPUT/checkpoints
+    stall_timeout: float = 1200.0      # seconds a rank may make no progress before the job stops (watchdog.py); 0: off
     resume: str = ""                   # latest | a step | a checkpoint folder: continue that run
     start_over: bool = False           # an --output holding a run: move it to OUTPUT/earlier-runs/ and start afresh
 
@@ -200,6 +201,10 @@ FIELD_HELP = {
     "val_at_start": "Also verify the initial model before the first step (a baseline).",
     "save_interval": "Checkpoint every this many steps (and at the end); 0 only at the end.",
     "keep_checkpoints": "Number of newest checkpoints kept in OUTPUT/checkpoints.",
+    "stall_timeout": ("Seconds a rank may make no progress (no step, no collective, setup, verification or a "
+                      "checkpoint not moving) before it stops the job, naming the stuck rank and where it is, "
+                      "with every thread's stack in OUTPUT/logs/stacks-rankR.txt; a warning at a quarter of it. "
+                      "Above the slowest verification or checkpoint save of a real run; 0 turns the watchdog off."),
     "resume": "Continue a run: latest, a step number, or a checkpoint folder; '' starts afresh.",
     "start_over": ("Start afresh in an --output that holds an earlier run's checkpoints: its files are moved to "
                    "OUTPUT/earlier-runs/TIME/ first (nothing is deleted). Without it such a folder is refused "
@@ -325,6 +330,7 @@ def validate(config: Config) -> None:
     require(config.verbose >= 1, "verbose", "must be at least 1")
     require(config.save_interval >= 0, "save_interval", "must be non-negative (0: save only at the end)")
     require(config.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1")
+    require(config.stall_timeout >= 0, "stall_timeout", "must be non-negative (0: no watchdog)")
     require(not (config.start_over and config.resume), "start_over",
             "starts afresh; it cannot be combined with --resume, which continues")
     require(config.image_size == 112, "image_size", "the backbones take 112x112 faces")

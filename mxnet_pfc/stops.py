@@ -10,8 +10,10 @@ the signal. What it can see:
   is explained, though it is no failure of its own;
 - the processes of the other ranks on its own host (their pids are exchanged at
   start-up): a rank killed without a word (SIGKILL, the out-of-memory killer, a
-  crash) is a process that is gone.
-With neither, the stop is an interruption (Ctrl-C, or a stop request).
+  crash) is a process that is gone;
+- stall records: a rank that made no progress for --stall_timeout (watchdog.py)
+  records where it was, stuck outside collectives or waiting in one, and ends.
+With none of these, the stop is an interruption (Ctrl-C, or a stop request).
 
 See docs/DESIGN.md section 6.3.
 """
@@ -100,27 +102,44 @@ def crash_summary(path: str) -> "str | None":
 SIGNALLED = "signal: "       # the record of a rank stopped by a signal, not by a failure of its own
 LOST_CONTACT = "lost contact: "   # the record of a rank that stopped because it lost the others (a cut link
                                   # ends every rank so): it ended with a word, and the failure is not its own
+STALLED = "stalled: "       # a rank that made no progress outside any collective (watchdog.py): the stuck one
+WAITED = "waited: "         # a rank that made no progress waiting in a collective (for a stuck rank)
+# Records that explain a rank's exit but are no error of the run's own: the elastic supervisor
+# relaunches after them (a stall is a lost rank: a hung file system or device, not bad input).
+NOT_OWN_FAILURE = (SIGNALLED, LOST_CONTACT, STALLED, WAITED)
 
 
 def _record_path(logs_folder: str, rank: "int | str") -> str:
     return os.path.join(logs_folder, f"failed-rank{rank}.txt")
 
 
+def stacks_path(logs_folder: str, rank: "int | str") -> str:
+    """Where the watchdog dumps every thread's stack of a rank that made no progress."""
+    return os.path.join(logs_folder, f"stacks-rank{rank}.txt")
+
+
+def progress_path(logs_folder: str, rank: "int | str") -> str:
+    """A rank's progress count, which the watchdogs of ranks waiting in a collective read."""
+    return os.path.join(logs_folder, f"progress-rank{rank}.txt")
+
+
 def clear_records(logs_folder: str) -> None:
-    """Remove the failure records and crash dumps of an earlier run in this folder (rank 0, before
-    the others start)."""
-    for path in glob.glob(_record_path(logs_folder, "*")) + glob.glob(_crash_path(logs_folder, "*")):
-        os.remove(path)
+    """Remove the failure records, crash and stack dumps and progress counts of an earlier run in this
+    folder (rank 0, before the others start)."""
+    for kind in (_record_path, _crash_path, stacks_path, progress_path):
+        for path in glob.glob(kind(logs_folder, "*")):
+            os.remove(path)
 
 
 def record_failure(message: str) -> None:
-    """Leave this rank's reason for stopping where the other ranks look for it. A failure of its own,
-    once recorded, stays: a signal or a lost contact that follows it does not replace it."""
+    """Leave this rank's reason for stopping where the other ranks look for it. A failure of its own
+    or a stall, once recorded, stays: a signal or a lost contact that follows it does not replace it."""
     if _state["logs"] is None:
         return
-    if message.startswith((SIGNALLED, LOST_CONTACT)) and first_failure(
-            read_records(_state["logs"], [comm.rank()])) is not None:
-        return
+    if message.startswith((SIGNALLED, LOST_CONTACT)):
+        kept = read_records(_state["logs"], [comm.rank()]).get(comm.rank(), "")
+        if kept and not kept.startswith((SIGNALLED, LOST_CONTACT)):
+            return
     try:
         with open(_record_path(_state["logs"], comm.rank()), "w") as f:
             f.write(message + "\n")
@@ -141,9 +160,9 @@ def read_records(logs_folder: str, ranks) -> "dict[int, str]":
 
 def first_failure(records: "dict[int, str]") -> "str | None":
     """'rank R failed: MESSAGE' for the lowest rank whose record is a failure of its own (not a
-    signal or a lost contact; an empty record, cut off while written, says nothing), or None."""
+    signal, a lost contact or a stall; an empty record, cut off while written, says nothing), or None."""
     failures = sorted((rank, message) for rank, message in records.items()
-                      if message and not message.startswith((SIGNALLED, LOST_CONTACT)))
+                      if message and not message.startswith(NOT_OWN_FAILURE))
     if not failures:
         return None
     rank, message = failures[0]
@@ -166,12 +185,35 @@ def _gone_local_peers(accounted: "set[int]") -> "list[tuple[int, int]]":
     return gone
 
 
+def stall_cause(records: "dict[int, str]") -> "str | None":
+    """'rank R made no progress for N s, stuck in F (FILE:LINE), outside any collective ...' for the lowest
+    rank stuck outside collectives, then what each rank waiting in a collective recorded; None without
+    stall records."""
+    stuck = sorted((rank, message[len(STALLED):]) for rank, message in records.items()
+                   if message.startswith(STALLED))
+    waited = sorted((rank, message[len(WAITED):]) for rank, message in records.items()
+                    if message.startswith(WAITED))
+    if not stuck and not waited:
+        return None
+    parts = [f"rank {rank} {text}" for rank, text in stuck[:1]]
+    parts += [f"rank {rank} waited{' for it' if stuck else ''} {text}" for rank, text in waited]
+    if not stuck:
+        parts.append("no rank stuck outside collectives left a record (one may be frozen, or stuck where "
+                     "Python cannot run: see the launcher's output and the stack dumps in OUTPUT/logs)")
+    return "; ".join(parts)
+
+
 def other_rank_cause() -> "str | None":
-    """What is known of another rank's failure (a failure record, or a local rank gone), or None."""
+    """What is known of another rank's failure (a failure or stall record, or a local rank gone), or None."""
     records = _records()
     failure = first_failure(records)
     if failure is not None:
         return failure
+    stall = stall_cause(records)
+    if stall is not None:
+        from . import watchdog          # imported late: watchdog.py records through this module
+        own = watchdog.own_wait()
+        return f"{stall}; {own}" if own else stall
     if _state["logs"] is not None:
         # the first dump written: a rank whose peer crashed may crash too, inside MXNet, as it stops
         crashes = []
