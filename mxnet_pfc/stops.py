@@ -34,7 +34,7 @@ import zlib
 import mxnet as mx
 
 from . import comm
-from .errors import PfcError
+from .errors import PfcError, mxnet_reason
 from .logs import ROOT_LOGGER
 from .run_lock import boot_id
 
@@ -298,6 +298,8 @@ def stop_on_error(error: Exception) -> int:
         if not log.handlers:
             traceback.print_exc()
         _abort(1)
+    if isinstance(error, mx.base.MXNetError) and not lost:     # MXNet's one line, without its C++ stack
+        error = type(error)(mxnet_reason(error))
     if lost:
         contact = str(error) if isinstance(error, comm.LostRankError) else comm.lost_peer_message()
         cause = other_rank_cause()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import cv2
+import mxnet as mx
 import numpy as np
 import pytest
 from launch import REFERENCE_RUN, REPO, config_sh, rank_env, rank_stop_line, run_command, tiny_synthetic_run
@@ -166,3 +167,14 @@ def test_log_lines_carry_a_date(reference):
     assert records
     for line in records:
         assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d rank1 ", line), line
+
+
+def test_the_trainer_stops_on_an_mxnet_error_with_the_line_that_says_what_failed(tmp_path, capsys):
+    from mxnet_pfc import stops
+    (tmp_path / "x.params").write_bytes(b"not arrays")
+    try:
+        mx.nd.load(str(tmp_path / "x.params"))
+    except mx.base.MXNetError as error:
+        assert stops.stop_on_error(error) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"rank 0: MXNetError: Check failed: fi->Read\(\S+\): Invalid NDArray file format", err.strip()), err
