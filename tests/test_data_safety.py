@@ -19,7 +19,7 @@ import pytest
 
 from launch import config_sh, rank_stop_line, run_command, start_command, finish_command, wait_until
 from mxnet_pfc.data import folders, synthetic
-from mxnet_pfc.data.faces import MAX_IMAGE_BYTES, ImageError, read_file
+from mxnet_pfc.data.faces import ImageError, read_file
 from mxnet_pfc.data.records import RecordWriter, open_records
 
 PACK = [sys.executable, "-m", "mxnet_pfc.data.pack"]
@@ -111,9 +111,9 @@ def test_edited_index_entries_are_not_opened(tmp_path, caplog):
 
 
 def test_training_relists_a_tampered_index_and_reads_only_under_root(tmp_path):
-    """An index edited to name files outside ROOT (a secret, a FIFO that would block) is named
-    and ROOT listed again; an identity folder whose name is not UTF-8 trains like any other."""
-    root = write_faces(tmp_path / "faces", 6, 4, names=[f"p{k}" for k in range(5)] + [NOT_UTF8])
+    """An index edited to name files outside ROOT (an image elsewhere, a FIFO that would block a
+    rank) is named and ROOT listed again: the resumed run reads only ROOT's images."""
+    root = write_faces(tmp_path / "faces", 6, 4)
     elsewhere = write_faces(tmp_path / "elsewhere", 1, 1)
     os.mkfifo(tmp_path / "elsewhere" / "blocks.jpg")
     run = tmp_path / "run"
@@ -122,13 +122,22 @@ def test_training_relists_a_tampered_index_and_reads_only_under_root(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:]
     index_path = run / folders.INDEX_NAME
     saved = json.loads(index_path.read_text())
-    assert saved["identities"][0] == NOT_UTF8                 # sorted first; its files are edited
     saved["files"][0] = ["../../elsewhere/person_000/00.jpg", str(elsewhere / "blocks.jpg")] + saved["files"][0][2:]
     index_path.write_text(json.dumps(saved))
     proc = run_command(config_sh(*args, "--max_update", 12, "--resume", "latest"), timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"{index_path} is not used: files[0] holds '../../elsewhere/person_000/00.jpg'" in proc.stdout
     assert f"listed {root}: 24 images of 6 identities" in proc.stdout and "step 12/12" in proc.stdout
+
+
+def test_training_from_a_folder_name_that_is_not_utf8(tmp_path):
+    root = write_faces(tmp_path / "faces", 4, 4, names=["a", NOT_UTF8, "p", "q"])
+    run = tmp_path / "run"
+    proc = run_command(config_sh("--images", root, "--batch_size", 4, "--max_update", 4, "--val_targets", "",
+                                 "--output", run), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"listed {root}: 16 images of 4 identities" in proc.stdout and "step 4/4" in proc.stdout
+    assert json.loads((run / folders.INDEX_NAME).read_text())["identities"][1] == NOT_UTF8
 
 
 # -- 3. image folders: regular files under ROOT only, bounded, never blocking
@@ -176,6 +185,7 @@ def test_training_from_a_folder_with_a_fifo_and_symlinks_out_of_root(tmp_path):
 
 
 def test_read_file_refuses_what_is_not_a_bounded_regular_file(tmp_path):
+    from mxnet_pfc.data.faces import MAX_IMAGE_BYTES
     os.mkfifo(tmp_path / "fifo.jpg")
     with pytest.raises(ImageError, match="fifo.jpg is not a regular file \\(a FIFO\\)"):
         read_file(str(tmp_path / "fifo.jpg"))              # returns at once: opening a FIFO would block
