@@ -60,11 +60,12 @@ def test_killed_rank_stops_the_job_and_resume_continues_the_loss_curve(reference
     killed_step = last_logged_step(output)
     latest = saved_steps(output / "checkpoints")[-1]
     assert 16 <= latest < killed_step + 1
+    newest = checkpoint.latest(str(output / "checkpoints")).path
 
     resumed = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--resume", "latest")),
                           timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
-    assert f"resuming from {ckpt(output / 'checkpoints', latest)} (" in resumed.stdout
+    assert f"resuming from {newest} (" in resumed.stdout
     # The whole curve (steps 1..latest from the killed run, the rest resumed) is the uninterrupted one.
     expected, got = losses(uninterrupted), losses(output)
     assert sorted(got) == list(range(1, 31))
