@@ -196,9 +196,9 @@ def raise_if_any_failed(error: "BaseException | None", what: str) -> None:
     row = np.zeros(MESSAGE_BYTES + 1, dtype=np.int32)
     row[0] = 1 if error is not None else 0
     row[1:1 + len(text)] = np.frombuffer(text, dtype=np.uint8)
-    gathered = allgather(mx.nd.array(row[None], ctx=mx.cpu(), dtype="int32"), name="agree")
-    _enter(f"agree: {what}")
-    table = gathered.asnumpy()
+    mine = mx.nd.array(row[None], ctx=mx.cpu(), dtype="int32")
+    _enter(f"agree: {what}")            # Horovod's allgather itself waits for every rank's row
+    table = (mine if _hvd is None else _hvd.allgather(mine, name="agree")).asnumpy()
     failed = [r for r in range(len(table)) if table[r, 0]]
     if error is not None:
         raise error

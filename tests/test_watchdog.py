@@ -115,6 +115,7 @@ def check_stuck_run(proc, output, tmp_path, out):
     ended = time.time()
     assert proc.returncode != 0, out[-4000:]
     stuck_since = float((tmp_path / "stuck-since").read_text())
+    print(f"the job ended {ended - stuck_since:.1f} s after rank 1 got stuck")
     # the timeout, then a tick of the watchdog and the launcher ending the others; generous for a loaded machine
     assert ended - stuck_since < STALL_TIMEOUT + 45, f"ended {ended - stuck_since:.0f} s after the hang"
     for rank in (0, 1):
@@ -203,3 +204,22 @@ def test_a_fifo_as_a_verification_set_stops_the_job(data, tmp_path):
             out[-4000:]
     assert "rank 1 waited for it in collective 'agree: setup'" in stop_lines(out, 1)[0]
     assert (output / "logs" / "stacks-rank0.txt").exists()
+
+
+def test_stall_records_are_no_error_of_the_runs_own(tmp_path, monkeypatch):
+    """The elastic supervisor relaunches after a stall (elastic.job_failure is stops.first_failure), and a
+    signal that ends a rank after its stall record does not replace it."""
+    from mxnet_pfc import comm
+    monkeypatch.setattr(comm, "size", lambda: 2)
+    monkeypatch.setattr(comm, "rank", lambda: 0)
+    monkeypatch.setitem(stops._state, "logs", str(tmp_path))
+    (tmp_path / "failed-rank1.txt").write_text(stops.STALLED + "made no progress for 9 s, stuck in f (x.py:3), "
+                                                                "outside any collective\n")
+    stops.record_failure(stops.WAITED + "in collective 'pfc.batch' for 8 s, at g (y.py:4)")
+    stops.record_failure(stops.SIGNALLED + "SIGTERM")
+    records = stops.read_records(str(tmp_path), range(2))
+    assert records[0].startswith(stops.WAITED), records
+    assert stops.first_failure(records) is None
+    assert stops.stall_cause(records) == ("rank 1 made no progress for 9 s, stuck in f (x.py:3), outside any "
+                                          "collective; rank 0 waited for it in collective 'pfc.batch' for 8 s, "
+                                          "at g (y.py:4)")
