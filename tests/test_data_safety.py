@@ -9,7 +9,6 @@ regression fails the test with a MemoryError instead of taking the machine's mem
 """
 import json
 import os
-import shutil
 import signal
 import struct
 import sys
@@ -17,10 +16,10 @@ import sys
 import numpy as np
 import pytest
 
-from launch import config_sh, rank_stop_line, run_command, start_command, finish_command, wait_until
+from launch import config_sh, finish_command, rank_stop_line, run_command, start_command, wait_until
 from mxnet_pfc.data import folders, synthetic
 from mxnet_pfc.data.faces import ImageError, read_file
-from mxnet_pfc.data.records import RecordWriter, open_records
+from mxnet_pfc.data.records import open_records
 
 PACK = [sys.executable, "-m", "mxnet_pfc.data.pack"]
 CHECK = [sys.executable, "-m", "mxnet_pfc.data.check"]
@@ -95,7 +94,8 @@ def test_edited_index_entries_are_not_opened(tmp_path, caplog):
     index_path = out / folders.INDEX_NAME
     good = json.loads(index_path.read_text())
     for problem, edit in [
-            ("files[0] holds '../../../../etc/passwd'", lambda s: s["files"][0].__setitem__(0, "../../../../etc/passwd")),
+            ("files[0] holds '../../../../etc/passwd'",
+             lambda s: s["files"][0].__setitem__(0, "../../../../etc/passwd")),
             ("files[1] holds '/dev/zero'", lambda s: s["files"][1].__setitem__(0, "/dev/zero")),
             ("identities[2] = '..' is not a folder under ROOT", lambda s: s["identities"].__setitem__(2, "..")),
             ("identities[0] = '/etc' is not a folder under ROOT", lambda s: s["identities"].__setitem__(0, "/etc"))]:

@@ -56,14 +56,14 @@ def list_identities(root: str) -> "list[tuple[str, list[str]]]":
         raise DataError(f"{root}: not a folder")
     real_root = os.path.realpath(root)
     identities, skipped = [], []
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+    for entry in sorted_entries(root):
         if not entry.is_dir():
             continue                       # a file beside the identity folders (lfw.bin ...)
         if entry.is_symlink() and not inside(real_root, entry.path):
             skipped.append(f"{entry.path} (a symlink to {os.path.realpath(entry.path)}, outside {root})")
             continue
         images = []
-        for image in sorted(os.scandir(entry.path), key=lambda e: e.name):
+        for image in sorted_entries(entry.path):
             if not image.name.lower().endswith(IMAGE_SUFFIXES):
                 continue
             if image.is_symlink() and not inside(real_root, image.path):
@@ -80,6 +80,11 @@ def list_identities(root: str) -> "list[tuple[str, list[str]]]":
     if not identities:
         raise DataError(f"{root}: no identity sub-folders with images ({', '.join(IMAGE_SUFFIXES)})")
     return identities
+
+
+def sorted_entries(folder: str) -> "list[os.DirEntry]":
+    with os.scandir(folder) as entries:
+        return sorted(entries, key=lambda entry: entry.name)
 
 
 class FolderBusy(PfcError, RuntimeError):
