@@ -131,11 +131,14 @@ def test_training_relists_a_tampered_index_and_reads_only_under_root(tmp_path):
 
 
 def test_training_from_a_folder_name_that_is_not_utf8(tmp_path):
+    """Its files are read and indexed like any other; messages show its name's bytes as \\xNN."""
     root = write_faces(tmp_path / "faces", 4, 4, names=["a", NOT_UTF8, "p", "q"])
+    os.mkfifo(root / NOT_UTF8 / "zz.jpg")             # skipped, and named in a warning
     run = tmp_path / "run"
     proc = run_command(config_sh("--images", root, "--batch_size", 4, "--max_update", 4, "--val_targets", "",
                                  "--output", run), timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"{root}/caf\\xe9/zz.jpg (a FIFO)" in proc.stdout and "Logging error" not in proc.stdout, proc.stdout
     assert f"listed {root}: 16 images of 4 identities" in proc.stdout and "step 4/4" in proc.stdout
     assert json.loads((run / folders.INDEX_NAME).read_text())["identities"][1] == NOT_UTF8
 

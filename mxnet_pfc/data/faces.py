@@ -104,6 +104,12 @@ def fit_size(image: np.ndarray, source: str, size: "int | tuple[int, int]" = FAC
     return cv2.resize(image, (width, height), interpolation=interpolation)
 
 
+def printable(path: str) -> str:
+    """`path` for a message: bytes of a name that is not UTF-8 shown as \\xNN (printing the
+    surrogates Python decodes them to would fail on a UTF-8 stream)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def read_file(path: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
     """A regular file's bytes; ImageError naming it when it cannot be read, is not a regular file
     or is larger than `limit`.
@@ -113,22 +119,23 @@ def read_file(path: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
     file is opened non-blocking, checked to be a regular file (before and after opening:
     it may be swapped between the two) and read to at most `limit` + 1 bytes.
     """
+    shown = printable(path)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ImageError(f"{path} is not a regular file ({file_kind(path)}): only image files are read")
+            raise ImageError(f"{shown} is not a regular file ({file_kind(path)}): only image files are read")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise ImageError(f"{path} is not a regular file ({file_kind(path)}): only image files are read")
+                raise ImageError(f"{shown} is not a regular file ({file_kind(path)}): only image files are read")
             if st.st_size > limit:
-                raise ImageError(f"{path} is {st.st_size:,} bytes, more than any face image "
+                raise ImageError(f"{shown} is {st.st_size:,} bytes, more than any face image "
                                  f"(the limit is {limit:,} bytes)")
             data = f.read(limit + 1)
     except OSError as error:
-        raise ImageError(f"{path} cannot be read: {error.strerror or error}") from None
+        raise ImageError(f"{shown} cannot be read: {error.strerror or error}") from None
     if len(data) > limit:
-        raise ImageError(f"{path} grew past {limit:,} bytes while it was read (the limit of a face image)")
+        raise ImageError(f"{shown} grew past {limit:,} bytes while it was read (the limit of a face image)")
     return data
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .faces import ImageError, read_file
+from .faces import ImageError, printable, read_file
 from .pack import IMAGE_SUFFIXES, inside, list_identities
 from .records import DataError
 
@@ -65,10 +65,10 @@ class FolderIndex:
     def read(self, i: int) -> "tuple[bytes, float, str]":
         path = os.path.join(self.root, self.paths[i])
         if not inside(self.real_root, path):
-            raise DataError(f"{path} leads to {os.path.realpath(path)}, outside {self.root}: "
-                            "only files under the image folder are read")
+            raise DataError(f"{printable(path)} leads to {printable(os.path.realpath(path))}, outside "
+                            f"{printable(self.root)}: only files under the image folder are read")
         try:
-            return read_file(path), float(self.labels[i]), path
+            return read_file(path), float(self.labels[i]), printable(path)
         except ImageError as error:
             raise DataError(str(error)) from None
 

@@ -30,7 +30,7 @@ import cv2
 from tqdm import tqdm
 
 from ..errors import PfcError
-from .faces import ImageError, WrongSize, decode_image, file_kind, fit_size, read_file
+from .faces import ImageError, WrongSize, decode_image, file_kind, fit_size, printable, read_file
 from .records import DataError, RecordWriter
 
 log = logging.getLogger(__name__)
@@ -60,22 +60,24 @@ def list_identities(root: str) -> "list[tuple[str, list[str]]]":
         if not entry.is_dir():
             continue                       # a file beside the identity folders (lfw.bin ...)
         if entry.is_symlink() and not inside(real_root, entry.path):
-            skipped.append(f"{entry.path} (a symlink to {os.path.realpath(entry.path)}, outside {root})")
+            skipped.append(f"{printable(entry.path)} (a symlink to {printable(os.path.realpath(entry.path))}, "
+                           f"outside {printable(root)})")
             continue
         images = []
         for image in sorted_entries(entry.path):
             if not image.name.lower().endswith(IMAGE_SUFFIXES):
                 continue
             if image.is_symlink() and not inside(real_root, image.path):
-                skipped.append(f"{image.path} (a symlink to {os.path.realpath(image.path)}, outside {root})")
+                skipped.append(f"{printable(image.path)} (a symlink to {printable(os.path.realpath(image.path))}, "
+                               f"outside {printable(root)})")
             elif not image.is_file():
-                skipped.append(f"{image.path} ({file_kind(image.path)})")
+                skipped.append(f"{printable(image.path)} ({file_kind(image.path)})")
             else:
                 images.append(image.path)
         if images:
             identities.append((entry.name, images))
     if skipped:
-        log.warning(f"{root}: skipped {len(skipped)} entries that are not image files under it: "
+        log.warning(f"{printable(root)}: skipped {len(skipped)} entries that are not image files under it: "
                     + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
     if not identities:
         raise DataError(f"{root}: no identity sub-folders with images ({', '.join(IMAGE_SUFFIXES)})")
