@@ -16,14 +16,19 @@ ranks) and watches:
   added): it asks the trainer to stop at its next checkpoint (the file
   OUTPUT/elastic/stop-at-checkpoint) and relaunches on more ranks;
 - the job fails on an error of its own (bad input, a non-finite loss, a full
-  disk: a failure record in OUTPUT/logs), or ends normally: it stops, with
-  the job's exit status.
+  disk: a failure record in OUTPUT/logs): it stops, with the job's exit
+  status; the job ends normally (its own record OUTPUT/logs/finished.json):
+  it stops with exit 0.
+Killed and started again with the same command, it adopts the job it left
+running (OUTPUT/elastic/job.json names it; any other live holder of the
+trainer's run lock is watched through the lock) and acts when it ends as for
+its own job; a launch refused by the output lock is no lost rank.
 It gives up after --max-restarts relaunches after failures, or when fewer
 than --min-np slots are available for --wait-timeout seconds. Ctrl-C or
 SIGTERM is passed to the job, and no process of the job is left behind.
 
 Every change of the world is a line of OUTPUT/elastic-timeline.tsv (time,
-step of the newest checkpoint, ranks, hosts, event) and of this command's
+the newest checkpoint by what it holds, ranks, hosts, event) and of this command's
 log, beside the job's own output; the trainer records its world size and
 the samples trained in OUTPUT/metrics.jsonl.
 See docs/DESIGN.md section 6.5.
