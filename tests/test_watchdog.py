@@ -5,6 +5,7 @@ iterator of rank 1 to sleep forever (in Python, no SIGSTOP) when it fetches the 
 Under Gloo nothing else would end such a job (Horovod's stall check acts under MPI only).
 """
 import os
+import re
 import shutil
 import time
 
@@ -101,8 +102,9 @@ def stuck_env(tmp_path, mode="hang") -> dict:
 
 
 def stop_lines(out: str, rank: int) -> "list[str]":
-    """The lines in which rank `rank` says why it stopped (horovodrun prefixes them, mpirun does not)."""
-    return [line for line in out.splitlines() if f"rank {rank}: stopping: " in line]
+    """The lines in which rank `rank` says why it stopped on stderr (horovodrun prefixes them, mpirun does not):
+    'rank R: stopping: ...' (its watchdog, or a signal), 'rank R: LostRankError: ...' (its collective failed)."""
+    return [line for line in out.splitlines() if re.match(rf"(\[{rank}\]<stderr>:)?rank {rank}: ", line)]
 
 
 def training(data, output, *extra):
