@@ -333,7 +333,10 @@ def _remove(path: str) -> None:
 class Supervisor:
     def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str, start_over: bool):
         self.args, self.trainer_args, self.output = args, trainer_args, output
-        self.start_over = start_over        # the first launch starts afresh (the trainer moves the old run aside)
+        self.start_over = start_over
+        # with --start_over, the earlier run's newest checkpoint: launches start afresh while it is in place (the
+        # trainer moves it aside as it starts; a job lost before that must not resume the earlier run)
+        self.earlier_run = self._newest_path() if start_over else None
         self.timeline = os.path.join(output, "elastic-timeline.tsv")
         self.restarts = 0
         self.interrupted: "int | None" = None
@@ -383,11 +386,16 @@ class Supervisor:
         while self.interrupted is None and time.time() < end:
             time.sleep(min(0.2, end - time.time()))
 
+    def _newest_path(self) -> "str | None":
+        from . import checkpoint
+        saved = checkpoint.latest(os.path.join(self.output, "checkpoints"))
+        return None if saved is None else saved.path
+
     # -- launching and adopting
     def command(self, assigned, resume: bool) -> "list[str]":
         args = self.trainer_args
-        if resume:
-            args = without_option(args, "--resume") + ["--resume", "latest"]
+        if resume:          # --start_over has done its work (or had none): this launch continues
+            args = without_option(without_option(args, "--resume"), "--start_over") + ["--resume", "latest"]
         np_ = sum(n for _, n in assigned)
         spec = ",".join(f"{h}:{n}" for h, n in assigned)
         return [self.args.horovodrun, "--gloo", "-np", str(np_), "-H", spec,
@@ -455,7 +463,7 @@ class Supervisor:
                     return EXIT_GAVE_UP
                 assigned = hosts.assign(self.args.max_np)
                 np_ = sum(n for _, n in assigned)
-                fresh = self.start_over and reason == "start"
+                fresh = self.earlier_run is not None and os.path.isdir(self.earlier_run)
                 resume = not fresh and (resume or newest_checkpoint(self.output) != "-")
                 self.event(np_, assigned, f"launch ({reason})" + (": --resume latest" if resume else ""))
                 job = self.launch(assigned, resume)

@@ -2,6 +2,7 @@
 appear, limits, and Ctrl-C, on this host's ranks (test_two_hosts cuts the link between two hosts under it)."""
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -187,3 +188,33 @@ def test_a_refusal_by_the_output_lock_is_no_lost_rank(tmp_path):
                                                                    "by another run (pid 1 on host elsewhere)): not a lost rank"), events
     assert events[2] == "launch (the run that held the output has ended)", events
     assert marked(mark) == []
+
+
+def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank(reference, tmp_path):
+    """--start_over over a finished run: the first launch moves it aside and starts afresh; after a lost rank
+    the relaunch resumes the new run (it used to pass --start_over and --resume together, a configuration
+    error that ended the supervision)."""
+    data, earlier = reference
+    output, hosts = tmp_path / "run", tmp_path / "hosts.txt"
+    shutil.copytree(earlier, output)
+    hosts.write_text("localhost:2\n")
+    proc = start_command(ELASTIC + ["--host-discovery-script", f"cat {hosts}", "--max-restarts", 1,
+                                    "--discovery-interval", 1, "--"]
+                         + tiny_synthetic_run(data, output, "--max_update", 24, "--save_interval", 6,
+                                              "--frequent", 1, "--verbose", 1000, "--start_over", "true"))
+    wait_until(lambda: (getattr(checkpoint.latest(str(output / "checkpoints")), "samples_seen", 0) == 96
+                        and trainer_pid(output, 0) and trainer_pid(output, 1)), 240,
+               "the new run's first checkpoint", proc=proc)
+    with frozen([trainer_pid(output, 0)]):
+        os.kill(trainer_pid(output, 1), signal.SIGKILL)
+    out = finish_command(proc, timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    events = timeline(output)
+    launches = [e["event"] for e in events if e["event"].startswith("launch")]
+    assert launches[0] == "launch (start)" and "--resume latest" in launches[1], events
+    assert events[-1]["event"] == "finished", events
+    moved = list((output / "earlier-runs").iterdir())
+    assert len(moved) == 1 and checkpoint.latest(str(moved[0] / "checkpoints")).samples_seen == 30 * 16
+    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
+    trained = [r["samples"] for r in records if "loss" in r]
+    assert trained == list(range(16, 24 * 16 + 1, 16)), trained      # the new run, every step once
