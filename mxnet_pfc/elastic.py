@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,15 @@ def finished_record_path(output: str) -> str:
     return os.path.join(output, "logs", "finished.json")
 
 
+LAUNCH_ENV = "MXNET_PFC_LAUNCH"     # the supervisor's id of a launch, in every rank's environment
+
+
+def launch_id() -> "str | None":
+    """This process's launch id (None when no supervisor launched it): the trainer puts it in its records,
+    so that a supervisor believes only the records of its own job, never an earlier run's or a bystander's."""
+    return os.environ.get(LAUNCH_ENV) or None
+
+
 def busy_record_path(output: str) -> str:
     """Where a trainer refused by the output lock says so (JSON: the holder), for its supervisor: a
     refusal is no lost rank, and the holder is the job to watch."""
@@ -79,11 +89,12 @@ def busy_record_path(output: str) -> str:
 
 
 def record_busy(output: str, message: str) -> None:
-    """Rank 0 refused by the output lock: say so to the supervisor, if one runs (OUTPUT/elastic exists)."""
-    if os.path.isdir(os.path.dirname(busy_record_path(output))):
+    """Rank 0 refused by the output lock: say so to the supervisor that launched it (a run started by hand
+    has no supervisor to tell)."""
+    if launch_id() is not None and os.path.isdir(os.path.dirname(busy_record_path(output))):
         try:
             with open(busy_record_path(output), "w") as f:
-                json.dump({"refused": message}, f)
+                json.dump({"refused": message, "launch": launch_id()}, f)
         except OSError:
             pass
 
@@ -154,6 +165,16 @@ def _processes() -> "dict[int, tuple[int, str]]":
     return table
 
 
+def _launched_as(pid: int, launch: str) -> bool:
+    """Whether process `pid` was started with launch id `launch` (job.json may have been edited to name
+    another process, which a supervisor would then stop as its job)."""
+    try:
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    except OSError:
+        return False
+    return f"{LAUNCH_ENV}={launch}".encode() in environ
+
+
 def _alive(pid: int, started: str) -> bool:
     """Whether process `pid` still runs and is the one that started at `started` (pids are reused)."""
     from .run_lock import process_stat
@@ -178,9 +199,10 @@ class Job:
         self.track()
 
     @classmethod
-    def launch(cls, command: "list[str]") -> "Job":
+    def launch(cls, command: "list[str]", launch: str) -> "Job":
         # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, LAUNCH_ENV: launch})
         from .run_lock import process_stat
         stat = process_stat(proc.pid)
         return cls(proc.pid, stat[1] if stat else "", proc)
@@ -337,6 +359,7 @@ class Supervisor:
         # with --start_over, the earlier run's newest checkpoint: launches start afresh while it is in place (the
         # trainer moves it aside as it starts; a job lost before that must not resume the earlier run)
         self.earlier_run = self._newest_path() if start_over else None
+        self.launch_id: "str | None" = None      # of the job watched now (None: a run started by hand)
         self.timeline = os.path.join(output, "elastic-timeline.tsv")
         self.restarts = 0
         self.interrupted: "int | None" = None
@@ -407,13 +430,20 @@ class Supervisor:
         for path in (stop_request_path(self.output), stopped_record_path(self.output),
                      busy_record_path(self.output)):
             _remove(path)
-        job = Job.launch(self.command(assigned, resume))
+        self.launch_id = uuid.uuid4().hex
+        job = Job.launch(self.command(assigned, resume), self.launch_id)
         from .files import write_json
         from .run_lock import boot_id
         write_json(job_record_path(self.output), dict(
             pid=job.pid, started=job.started, host=socket.gethostname(), boot_id=boot_id(),
-            ranks=sum(n for _, n in assigned), hosts=[list(a) for a in assigned]))
+            ranks=sum(n for _, n in assigned), hosts=[list(a) for a in assigned], launch=self.launch_id))
         return job
+
+    def own_record(self, path: str) -> "dict | None":
+        """The record at `path` if the job watched now wrote it (its launch id; any for a run started by hand,
+        which cleared older records as it started): never an earlier run's."""
+        record = _read_json(path)
+        return record if record is not None and record.get("launch") == self.launch_id else None
 
     def adopt(self) -> "tuple[Job | HeldOutput, int | None, tuple] | None":
         """The live job of this output folder (its run lock held by a process that is not gone), or None.
@@ -428,10 +458,13 @@ class Supervisor:
         holder = run_lock.live_holder(self.output)
         record = _read_json(job_record_path(self.output)) or {}
         ours = (record.get("host") == socket.gethostname() and record.get("boot_id") == boot_id()
-                and isinstance(record.get("pid"), int) and _alive(record["pid"], str(record.get("started"))))
+                and isinstance(record.get("pid"), int) and _alive(record["pid"], str(record.get("started")))
+                and _launched_as(record["pid"], str(record.get("launch"))))
         if holder is None and not ours:
             return None
         _remove(busy_record_path(self.output))        # a refusal recorded before this job is no word of it
+        self.earlier_run = None          # the live job is this folder's run now: --start_over has been done
+        self.launch_id = record["launch"] if ours else None
         if ours:
             job = Job(record["pid"], str(record["started"]))
             ranks, assigned = record.get("ranks"), tuple(tuple(a) for a in record.get("hosts", []))
@@ -478,10 +511,10 @@ class Supervisor:
             if stopped is not None:
                 reason = f"grow: stopped at {newest_checkpoint(self.output)} to take more ranks"
                 continue
-            if os.path.exists(finished_record_path(self.output)):
+            if self.own_record(finished_record_path(self.output)) is not None:
                 self.event(np_, assigned, "finished")
                 return 0
-            busy = _read_json(busy_record_path(self.output))
+            busy = self.own_record(busy_record_path(self.output))
             if busy is not None:
                 self.event(np_, assigned, f"the job was refused by the output lock ({busy.get('refused')}): "
                                           f"not a lost rank; watching the run that holds it")

@@ -159,7 +159,8 @@ def test_max_restarts_and_ctrl_c_during_a_restart_leave_nothing_running(tmp_path
 BUSY_LAUNCHER = """#!/usr/bin/env bash
 if [[ ! -e "$FAKE_STATE" ]]; then
     touch "$FAKE_STATE"
-    echo '{"refused": "in use by another run (pid 1 on host elsewhere)"}' > "$FAKE_OUTPUT/elastic/output-busy.json"
+    echo '{"refused": "in use by another run (pid 1 on host elsewhere)", "launch": "'"$MXNET_PFC_LAUNCH"'"}' \
+        > "$FAKE_OUTPUT/elastic/output-busy.json"
     exit 1
 fi
 setsid bash -c "exec -a elastic-test-rank-$FAKE_MARK sleep 1000" &
@@ -218,3 +219,36 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
     records = [json.loads(line) for line in open(output / "metrics.jsonl")]
     trained = [r["samples"] for r in records if "loss" in r]
     assert trained == list(range(16, 24 * 16 + 1, 16)), trained      # the new run, every step once
+
+
+# Stands in for horovodrun whose job fails at once, before its trainer writes anything; meanwhile a run
+# started by hand into the same folder (FAKE_BYSTANDER set) was refused by the lock and said so.
+FAILING_LAUNCHER = """#!/usr/bin/env bash
+if [[ -n "$FAKE_BYSTANDER" ]]; then
+    echo '{"refused": "in use by the job of a supervisor"}' > "$FAKE_BYSTANDER/elastic/output-busy.json"
+fi
+exit 1
+"""
+
+
+@pytest.mark.parametrize("left_behind", ["finished", "busy"])
+def test_records_of_another_run_are_not_taken_for_the_jobs(tmp_path, left_behind):
+    """A job that fails at once, in a folder holding another run's 'finished' record (an earlier run, here
+    under --start_over) or 'busy' record (a run started by hand): it used to be reported as finished (exit 0),
+    or as refused by the lock and launched again without counting; it is a lost job (exit 3 with
+    --max-restarts 0)."""
+    output, fake = tmp_path / "run", tmp_path / "fake-horovodrun"
+    fake.write_text(FAILING_LAUNCHER)
+    fake.chmod(0o755)
+    (output / "logs").mkdir(parents=True)
+    (output / "elastic").mkdir()
+    if left_behind == "finished":
+        (output / "logs" / "finished.json").write_text(json.dumps({"steps": 5, "launch": None}))
+    proc = start_command(ELASTIC + ["--host-discovery-script", "echo localhost:1", "--horovodrun", fake,
+                                    "--max-restarts", 0, "--discovery-interval", 1,
+                                    "--", "--output", output, "--max_update", 5, "--start_over", "true"],
+                         env={"FAKE_BYSTANDER": str(output) if left_behind == "busy" else ""})
+    out = finish_command(proc, timeout=60)
+    assert proc.returncode == elastic.EXIT_GAVE_UP, out
+    events = [e["event"] for e in timeline(output)]
+    assert events[0] == "launch (start)" and events[-1].startswith("gave up: the job ended (exit 1)"), events
