@@ -379,6 +379,7 @@ def load_backbone(path: str, rank: int, same_world: bool, average: bool = False)
 class _LegacyArray:
     """Stands in for mxnet.ndarray.NDArray while a format-1 optimizer.states is unpickled: it takes
     only what an NDArray's pickle holds (no handle, then {'handle': bytes}) and keeps the bytes."""
+    raw = None          # until __setstate__: an NDArray pickled without its bytes is refused, never built
 
     def __init__(self, handle=None):
         if handle is not None:
@@ -391,15 +392,27 @@ class _LegacyArray:
         self.raw = bytearray(state["handle"])       # MXNet reads it through a writable ctypes buffer
 
     def to_ndarray(self) -> mx.nd.NDArray:
+        if not isinstance(self.raw, bytearray):
+            raise pickle.UnpicklingError("an NDArray without its bytes")
         array = mx.nd.NDArray(handle=None)
         array.__setstate__({"handle": self.raw})         # MXNet's own decoder of an array's bytes
         return array
 
 
+def _bytearray_of(data=b"", encoding=None) -> bytearray:
+    """builtins.bytearray as a pickle may call it to rebuild bytes it holds (bytes; or text and 'latin-1'
+    in protocols 0-2), never bytearray(N), which allocates N bytes the file does not hold."""
+    if isinstance(data, bytes) and encoding is None:
+        return bytearray(data)
+    if isinstance(data, str) and encoding in ("latin-1", "latin1"):
+        return bytearray(data, encoding)
+    raise pickle.UnpicklingError(f"bytearray({type(data).__name__}) is not bytes the file holds")
+
+
 class _ArraysOnlyUnpickler(pickle.Unpickler):
     """What MXNet 1.9's Updater.get_states pickles (a dict of index: NDArray, None or a tuple of them),
     and nothing else: any other global a pickle names (os.system, builtins.eval ...) is refused."""
-    ALLOWED = {("mxnet.ndarray.ndarray", "NDArray"): _LegacyArray, ("builtins", "bytearray"): bytearray}
+    ALLOWED = {("mxnet.ndarray.ndarray", "NDArray"): _LegacyArray, ("builtins", "bytearray"): _bytearray_of}
 
     def find_class(self, module, name):
         try:
@@ -412,7 +425,12 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
 def _legacy_optimizer_arrays(file: str, param_names: "list[str]") -> "dict[str, mx.nd.NDArray]":
     """A format-1 optimizer.states as optimizer_state()'s named arrays, read without running its code."""
     with open(file, "rb") as f:
-        states = _ArraysOnlyUnpickler(f).load()
+        try:
+            states = _ArraysOnlyUnpickler(f).load()
+        except (pickle.UnpicklingError, OSError):
+            raise
+        except Exception as error:       # whatever else a crafted or damaged pickle makes the unpickler raise
+            raise pickle.UnpicklingError(f"not a pickle of arrays ({type(error).__name__}: {error})") from None
     if isinstance(states, tuple) and len(states) == 2:         # (states, optimizer) of get_states(True)
         raise pickle.UnpicklingError("it holds an optimizer object, not only its states")
     if not isinstance(states, dict):

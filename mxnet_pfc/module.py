@@ -166,6 +166,10 @@ class PartialFCModule:
             if array.dtype not in (np.float32, np.float16):
                 raise ValueError(f"{source}: optimizer state {key!r} is {np.dtype(array.dtype).name}, not float")
             grouped.setdefault(names.index(name), {})[int(part) if part else -1] = array
+        missing = [name for index, name in enumerate(names) if index not in grouped]
+        if grouped and missing:         # SGD keeps a state for every parameter (or none, without momentum)
+            raise ValueError(f"{source}: no optimizer state for {len(missing)} of the {len(names)} parameters "
+                             f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})")
         states = {}
         for index, parts in grouped.items():
             if -1 in parts:

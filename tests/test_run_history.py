@@ -200,3 +200,29 @@ def test_a_pickled_center_file_runs_nothing_and_is_refused_naming_it(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match=r"centers-rank00000.npy: .*Python objects"):
         bank.load(str(tmp_path), [[0, 4]])
     assert not marker.exists()
+
+
+class Reduces:
+    """Pickles as whatever __reduce__ returns: the hand-made pickles an attacker would write."""
+
+    def __init__(self, reduced):
+        self.reduced = reduced
+
+    def __reduce__(self):
+        return self.reduced
+
+
+@pytest.mark.parametrize("state,why", [
+    (Reduces((mx.nd.NDArray, (None,))), "an NDArray without its bytes"),      # REDUCE, no BUILD: a NULL handle
+    (b"\x80\x02}K\x00cmxnet.ndarray.ndarray\nNDArray\n)\x81s.", "an NDArray without its bytes"),   # NEWOBJ
+    (Reduces((bytearray, (2 ** 34,))), r"bytearray\(int\) is not bytes the file holds"),    # 16 GB asked for
+    (Reduces((mx.nd.NDArray, (12345,))), "an NDArray built from a handle"),
+    ("text", "state of 'w' is a str"),
+])
+def test_the_format_1_loader_builds_arrays_only(tmp_path, state, why):
+    """Pickles that name only the allowed globals yet are no arrays: each refused with a reason, none crashes
+    the process (a NULL NDArray segfaulted), allocates what the file does not hold, or raises a traceback."""
+    file = tmp_path / "optimizer.states"
+    file.write_bytes(state if isinstance(state, bytes) else pickle.dumps({0: state}))
+    with pytest.raises(pickle.UnpicklingError, match=why):
+        checkpoint._legacy_optimizer_arrays(str(file), ["w"])
