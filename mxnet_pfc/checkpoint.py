@@ -96,6 +96,12 @@ class Saved:
         return f"{os.path.basename(self.path)} ({held})"
 
 
+def samples_seen(state: dict) -> int:
+    """The samples a checkpoint's run history had trained (format-1 checkpoints before samples_seen
+    existed: its steps at its global batch)."""
+    return state.get("samples_seen", state["step"] * state["global_batch"])
+
+
 def _saved(root: str, name: str) -> "Saved | None":
     """The checkpoint in folder `name` of root, or None if it is not a complete one."""
     match, legacy = _FOLDER.match(name), _LEGACY_FOLDER.match(name)
@@ -106,8 +112,7 @@ def _saved(root: str, name: str) -> "Saved | None":
     try:
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
-        samples = state.get("samples_seen", state["step"] * state["global_batch"])
-        world = state["world_size"]
+        samples, world = samples_seen(state), state["world_size"]
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (samples, world)):
             raise TypeError
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -87,7 +87,7 @@ def restore(resume: Resume, module, bank) -> None:
 def describe(resume: Resume) -> str:
     """The log line of a resumed run: the checkpoint by what it holds, and what changed since."""
     saved = resume.state
-    samples = saved.get("samples_seen", saved["step"] * saved["global_batch"])
+    samples = checkpoint.samples_seen(saved)
     line = (f"resuming from {resume.path} ({samples:,} samples seen, step {saved['step']} on {saved['world_size']} "
             f"rank(s)) at step {resume.step}, epoch {resume.epoch}")
     return line + "".join(f"\n  - {change}" for change in resume.changes) if resume.changes else line

@@ -187,8 +187,7 @@ class Trainer:
         self.best = dict(setup.resume.state.get("best", {})) if setup.resume else {}
         self.metrics = None
         self.start_step = start_step        # the first step this run trains is start_step + 1
-        self.samples_at_start = 0 if setup.resume is None else setup.resume.state.get(
-            "samples_seen", setup.resume.state["step"] * setup.resume.state["global_batch"])
+        self.samples_at_start = 0 if setup.resume is None else checkpoint.samples_seen(setup.resume.state)
 
     def samples_seen(self, step: int) -> int:
         """Samples trained when `step` (this run's numbering) is done, over every run resumed into this
@@ -232,11 +231,11 @@ class Trainer:
                     with comm.fail_together("verification"):        # rank 0's work, agreed on
                         self.verify(done)
                 if cfg.save_interval and done % cfg.save_interval == 0 and done != plan.max_update:
-                    self.save_checkpoint(done)
+                    saved = self.save_checkpoint(done)
                     seeding.seed_generators(cfg.seed, self.rank, done)    # what a run resumed from here will do
                     if self.stop_requested():
                         progress.close()
-                        return self.stop_at_checkpoint(done)
+                        return self.stop_at_checkpoint(done, saved)
                 window.exclude(time.time() - paused)     # throughput leaves out evaluation and saving
             progress.close()
             return self.finish(loss, started)
@@ -255,13 +254,14 @@ class Trainer:
         asked = self.rank == 0 and os.path.exists(elastic.stop_request_path(self.cfg.output))
         return comm.gather_rows([float(asked)])[0][0] > 0
 
-    def stop_at_checkpoint(self, step: int) -> dict:
-        """End the run after the checkpoint of `step`, saying so to the supervisor (which relaunches)."""
+    def stop_at_checkpoint(self, step: int, saved: str) -> dict:
+        """End the run after the checkpoint `saved` of `step`, saying so to the supervisor (which relaunches)."""
         if self.rank == 0:
             write_json(elastic.stopped_record_path(self.cfg.output), {"step": step, "world_size": self.world})
             os.remove(elastic.stop_request_path(self.cfg.output))
-            log.info(f"stopped at the checkpoint of step {step} on the elastic supervisor's request "
-                     f"(it relaunches on more ranks with --resume latest)")
+            log.info(f"stopped at checkpoint {saved} ({self.samples_seen(step):,} samples seen, step {step} on "
+                     f"{self.world} rank(s)) on the elastic supervisor's request (it relaunches on more ranks "
+                     f"with --resume latest)")
         comm.barrier()
         return {}
 

@@ -201,9 +201,11 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
     hosts.write_text("localhost:2\n")
     proc = start_command(ELASTIC + ["--host-discovery-script", f"cat {hosts}", "--max-restarts", 1,
                                     "--discovery-interval", 1, "--"]
-                         + tiny_synthetic_run(data, output, "--max_update", 24, "--save_interval", 6,
+                         + tiny_synthetic_run(data, output, "--max_update", 48, "--save_interval", 6,
                                               "--frequent", 1, "--verbose", 1000, "--start_over", "true"))
-    wait_until(lambda: (getattr(checkpoint.latest(str(output / "checkpoints")), "samples_seen", 0) == 96
+    # any checkpoint of the new run will do (the earlier run's newest holds 480 samples); 42 steps after the
+    # first one leave the test time to act on a loaded machine
+    wait_until(lambda: (getattr(checkpoint.latest(str(output / "checkpoints")), "samples_seen", 480) < 480
                         and trainer_pid(output, 0) and trainer_pid(output, 1)), 240,
                "the new run's first checkpoint", proc=proc)
     with frozen([trainer_pid(output, 0)]):
@@ -218,7 +220,7 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
     assert len(moved) == 1 and checkpoint.latest(str(moved[0] / "checkpoints")).samples_seen == 30 * 16
     records = [json.loads(line) for line in open(output / "metrics.jsonl")]
     trained = [r["samples"] for r in records if "loss" in r]
-    assert trained == list(range(16, 24 * 16 + 1, 16)), trained      # the new run, every step once
+    assert trained == list(range(16, 48 * 16 + 1, 16)), trained      # the new run, every step once
 
 
 # Stands in for horovodrun whose job fails at once, before its trainer writes anything; meanwhile a run

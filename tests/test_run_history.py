@@ -16,7 +16,7 @@ import pytest
 
 from launch import (REFERENCE_RUN, ckpt, config_sh, losses, rank_stop_line, run_command, saved_steps,
                     tiny_synthetic_run)
-from mxnet_pfc import checkpoint
+from mxnet_pfc import checkpoint, output_folder
 
 
 def copy_checkpoint(run, step: int, output):
@@ -120,6 +120,7 @@ def test_the_same_command_twice_never_mixes_two_runs(reference, tmp_path):
     assert first.returncode == 0, first.stdout[-4000:]
     metrics = (output / "metrics.jsonl").read_bytes()
     saved = sorted(os.listdir(output / "checkpoints"))
+    assert set(os.listdir(output)) <= set(output_folder.RUN_FILES)      # --start_over knows all a run writes
 
     second = run_command(command, timeout=300)
     assert second.returncode != 0

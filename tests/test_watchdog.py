@@ -197,10 +197,6 @@ def test_a_fifo_as_a_verification_set_stops_the_job(data, tmp_path):
     out = finish_command(proc, timeout=300)
     assert proc.returncode != 0, out[-4000:]
     assert time.time() - started < STALL_TIMEOUT + 120
-    refused = stops.first_failure(stops.read_records(str(output / "logs"), range(2)))
-    if refused is not None:         # the .bin loader refuses a FIFO before it blocks: no hang to stop
-        assert "val.bin" in refused, refused
-        return
     for rank in (0, 1):
         lines = stop_lines(out, rank)
         assert lines and "rank 0 made no progress for" in lines[0] and "outside any collective" in lines[0], \
