@@ -199,6 +199,13 @@ def test_read_file_refuses_what_is_not_a_bounded_regular_file(tmp_path):
         f.truncate(MAX_IMAGE_BYTES + 1)                    # sparse: no disk used
     with pytest.raises(ImageError, match=f"big.jpg is {MAX_IMAGE_BYTES + 1:,} bytes, more than any face image"):
         read_file(str(big))
+    # a symlink swapped in after the caller checked the path: the file opened is what is checked
+    root, outside = tmp_path / "root", tmp_path / "secret.jpg"
+    root.mkdir()
+    outside.write_bytes(b"not for us")
+    (root / "a.jpg").symlink_to(outside)
+    with pytest.raises(ImageError, match="a.jpg leads to .*secret.jpg, outside .*root: only files under"):
+        read_file(str(root / "a.jpg"), within=os.path.realpath(root))
 
 
 # -- 4. one pack per output folder; nothing half-written left behind

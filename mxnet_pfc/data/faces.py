@@ -110,9 +110,9 @@ def printable(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def read_file(path: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
-    """A regular file's bytes; ImageError naming it when it cannot be read, is not a regular file
-    or is larger than `limit`.
+def read_file(path: str, limit: int = MAX_IMAGE_BYTES, within: "str | None" = None) -> bytes:
+    """A regular file's bytes; ImageError naming it when it cannot be read, is not a regular file,
+    is larger than `limit`, or (with `within`, a resolved folder) is not a file under `within`.
 
     A folder of images may hold anything: a FIFO named *.jpg would block open() and read()
     forever, and /dev/zero (or a symlink to it) would be read until memory runs out. So the
@@ -128,6 +128,11 @@ def read_file(path: str, limit: int = MAX_IMAGE_BYTES) -> bytes:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ImageError(f"{shown} is not a regular file ({file_kind(path)}): only image files are read")
+            opened = os.readlink(f"/proc/self/fd/{fd}") if within and os.path.isdir("/proc/self/fd") else None
+            if opened is not None and not opened.startswith(within.rstrip(os.sep) + os.sep):
+                # checked on the file opened: a symlink swapped in after the caller's check leads nowhere else
+                raise ImageError(f"{shown} leads to {printable(opened)}, outside {printable(within)}: only files "
+                                 "under the image folder are read")
             if st.st_size > limit:
                 raise ImageError(f"{shown} is {st.st_size:,} bytes, more than any face image "
                                  f"(the limit is {limit:,} bytes)")

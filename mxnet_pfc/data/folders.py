@@ -68,7 +68,7 @@ class FolderIndex:
             raise DataError(f"{printable(path)} leads to {printable(os.path.realpath(path))}, outside "
                             f"{printable(self.root)}: only files under the image folder are read")
         try:
-            return read_file(path), float(self.labels[i]), printable(path)
+            return read_file(path, within=self.real_root), float(self.labels[i]), printable(path)
         except ImageError as error:
             raise DataError(str(error)) from None
 
