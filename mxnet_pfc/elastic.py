@@ -353,9 +353,11 @@ def _remove(path: str) -> None:
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str, start_over: bool):
+    def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str, start_over: bool,
+                 length: "list" = ()):
         self.args, self.trainer_args, self.output = args, trainer_args, output
         self.start_over = start_over
+        self.length = list(length)      # the run's length as asked for (max_update, num_epoch): see run()
         # with --start_over, the earlier run's newest checkpoint: launches start afresh while it is in place (the
         # trainer moves it aside as it starts; a job lost before that must not resume the earlier run)
         self.earlier_run = self._newest_path() if start_over else None
@@ -480,9 +482,14 @@ class Supervisor:
         resume = option_value(self.trainer_args, "--resume") is not None
         reason = "start"
         adopted = self.adopt()
-        if adopted is None and not self.start_over and os.path.exists(finished_record_path(self.output)):
-            self.event(0, (), f"finished (the run's record {finished_record_path(self.output)}): nothing to launch")
-            return 0
+        finished = _read_json(finished_record_path(self.output))
+        if adopted is None and not self.start_over and finished is not None:
+            if finished.get("length") == self.length:
+                self.event(0, (), f"finished (the run's record {finished_record_path(self.output)}): nothing to "
+                                  f"launch")
+                return 0
+            reason = (f"the finished run asked to train to --max_update/--num_epoch {self.length}, "
+                      f"not {finished.get('length')}")
         while True:
             if adopted is not None:
                 job, np_, assigned = adopted
@@ -621,7 +628,7 @@ def main(argv=None) -> int:
     if lock.took_over:
         log.info(f"took over from a supervisor that is gone: {lock.took_over}")
     try:
-        supervisor = Supervisor(args, trainer_args, cfg.output, cfg.start_over)
+        supervisor = Supervisor(args, trainer_args, cfg.output, cfg.start_over, [cfg.max_update, cfg.num_epoch])
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, supervisor.interrupt)
         return supervisor.run()

@@ -351,7 +351,8 @@ class Trainer:
         if self.rank == 0:      # the run's own word that it ended normally, for a supervisor (elastic.py)
             write_json(elastic.finished_record_path(self.cfg.output),
                        dict(steps=self.plan.max_update, samples_seen=self.samples_seen(self.plan.max_update),
-                            world_size=self.world, checkpoint=last, launch=elastic.launch_id()))
+                            world_size=self.world, checkpoint=last, launch=elastic.launch_id(),
+                            length=[self.cfg.max_update, self.cfg.num_epoch]))
         return summary
 
 

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from launch import ELASTIC, elastic_timeline as timeline, finish_command, frozen, held_samples, last_logged_step, \
-    start_command, tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
+from launch import ELASTIC, REFERENCE_RUN, elastic_timeline as timeline, finish_command, frozen, held_samples, \
+    last_logged_step, losses, start_command, tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
 from mxnet_pfc import checkpoint, elastic
 
 def test_parse_hosts_reads_horovods_format():
@@ -254,3 +254,22 @@ def test_records_of_another_run_are_not_taken_for_the_jobs(tmp_path, left_behind
     assert proc.returncode == elastic.EXIT_GAVE_UP, out
     events = [e["event"] for e in timeline(output)]
     assert events[0] == "launch (start)" and events[-1].startswith("gave up: the job ended (exit 1)"), events
+
+
+def test_a_finished_run_asked_to_train_further_is_resumed(reference, tmp_path):
+    """The supervisor over a finished run: the same command launches nothing (exit 0); with a larger
+    --max_update it resumes the run and trains the steps asked for (it used to say 'finished' and train none)."""
+    data, earlier = reference
+    output = tmp_path / "run"
+    shutil.copytree(earlier, output)
+    command = ELASTIC + ["--host-discovery-script", "echo localhost:2", "--discovery-interval", 1, "--"]
+    same = tiny_synthetic_run(data, output, *REFERENCE_RUN)
+    proc = start_command(command + same)
+    out = finish_command(proc, timeout=120)
+    assert proc.returncode == 0 and timeline(output)[-1]["event"].startswith("finished (the run's record"), out
+    proc = start_command(command + same + ["--max_update", 34])
+    out = finish_command(proc, timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    launch = next(e["event"] for e in timeline(output) if e["event"].startswith("launch"))
+    assert "--resume latest" in launch, timeline(output)
+    assert max(losses(output)) == 34 and timeline(output)[-1]["event"] == "finished"
