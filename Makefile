@@ -20,7 +20,7 @@ run-head: setup              ## the head alone on synthetic embeddings, $(NP) ra
 	OMP_NUM_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
 		$(PY) benchmarks/bench_head.py $(ARGS)
 
-bench: setup                 ## the README's head figures (100k and 1M classes, rates 1.0 and 0.1)
+bench: setup                 ## the head figures of docs/benchmarks.md (100k and 1M classes, rates 1.0 and 0.1)
 	bash benchmarks/run_head_benchmarks.sh
 
 bench-train: setup           ## the trainer's step beside its parts alone (backbone; head), $(NP) ranks, dummy data

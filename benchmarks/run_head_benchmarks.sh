@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's head figures: 100k and 1M classes, sample rates 1.0 and 0.1,
+# The head figures of docs/benchmarks.md: 100k and 1M classes, sample rates 1.0 and 0.1,
 # embedding 512, batch 64 per rank, 2 ranks on this machine's CPU (one thread
 # each). Results append to benchmarks/results/head.jsonl and print as a table.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's 10^7-identity figures: the head with 10M classes, embedding 128
+# The 10^7-identity figures of docs/benchmarks.md: the head with 10M classes, embedding 128
 # (10M x 512 float32 centers + momentum are 41 GB, more than this machine's
 # 24 GiB), sample rates 0.01 and 0.1, batch 64 per rank, 2 ranks, one thread
 # each. A 1,000-class run first gives the process's own memory (MXNet, Horovod,

@@ -146,7 +146,7 @@ DATA_FIELDS = ("rec", "images", "num_classes", "num_images", "val_targets", "syn
 
 # One sentence per field for --help: what it is and its unit (argparse adds the default).
 FIELD_HELP = {
-    "dataset": "Preset of the data set and its schedule (see the table in README's Training).",
+    "dataset": "Preset of the data set and its schedule (see the table in docs/training.md).",
     "rec": "Path of train.rec of an InsightFace RecordIO set (train.idx beside it); '' trains on random "
            "tensors (speed runs). Giving it drops the preset's data fields.",
     "images": "Folder ROOT/<identity>/<image> to train on without packing (sorted folder names are class ids "

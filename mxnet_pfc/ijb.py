@@ -1,7 +1,7 @@
 """python -m mxnet_pfc.ijb MODEL --root IJBC --target IJBC [--output DIR]
 
 IJB-B / IJB-C evaluation of a saved model on the test data in InsightFace's
-layout (ROOT/meta/*.txt, *.csv and ROOT/loose_crop/; README "IJB-B / IJB-C",
+layout (ROOT/meta/*.txt, *.csv and ROOT/loose_crop/; docs/evaluation.md "IJB-B / IJB-C",
 docs/DESIGN.md 3.4). Each face is aligned by its five points, embedded with its
 mirror image (the two added), weighted by its detector score unless
 --no-score-weight, averaged per media, summed per template and L2-normalised.

@@ -1,6 +1,6 @@
 """JPEG data damaged inside a record: libjpeg only warns (`Corrupt JPEG data: ...` on stderr)
 and cv2.imdecode returns the damaged picture, so decoding is strict: the trainer and the
-check command stop on such a record, naming it (README, 'Damaged data')."""
+check command stop on such a record, naming it (docs/failures.md, 'Damaged data')."""
 import os
 import subprocess
 import sys
