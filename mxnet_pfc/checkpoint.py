@@ -51,6 +51,7 @@ from . import comm
 from .errors import CheckpointError, load_arrays, load_checkpoint, mxnet_reason
 from .files import write_json
 from .memory_bank import MemoryBank, shard_files
+from .module import named_states
 
 log = logging.getLogger(__name__)
 
@@ -440,19 +441,17 @@ def _legacy_optimizer_arrays(file: str, param_names: "list[str]") -> "dict[str, 
         raise pickle.UnpicklingError("it holds an optimizer object, not only its states")
     if not isinstance(states, dict):
         raise pickle.UnpicklingError(f"a {type(states).__name__}, not a dict of states")
-    arrays = {}
+    built = {}
     for index, state in states.items():
         if not (isinstance(index, int) and 0 <= index < len(param_names)):
             raise pickle.UnpicklingError(f"state index {index!r} is not a parameter's")
         parts = state if isinstance(state, tuple) else (state,)
-        for j, part in enumerate(parts):
-            if part is None:
-                continue
-            if not isinstance(part, _LegacyArray):
+        for part in parts:
+            if part is not None and not isinstance(part, _LegacyArray):
                 raise pickle.UnpicklingError(f"state of {param_names[index]!r} is a {type(part).__name__}")
-            arrays[param_names[index] if not isinstance(state, tuple) else f"{param_names[index]}#{j}"] = \
-                part.to_ndarray()
-    return arrays
+        arrays = tuple(None if part is None else part.to_ndarray() for part in parts)
+        built[index] = arrays if isinstance(state, tuple) else arrays[0]
+    return named_states(built, param_names)
 
 
 def load_optimizer_state(path: str, module) -> None:

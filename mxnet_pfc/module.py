@@ -48,6 +48,20 @@ class _PhaseClock:
         self.last = now
 
 
+def named_states(states: dict, names: "list[str]") -> "dict[str, mx.nd.NDArray]":
+    """An updater's states ({parameter index: array, None or a tuple of them}) as named arrays on the CPU:
+    `NAME` for a single array, `NAME#j` for part j of a tuple (the updater's index i is parameter i: one
+    device per rank)."""
+    arrays = {}
+    for index, state in states.items():
+        parts = state if isinstance(state, (tuple, list)) else (state,)
+        for j, part in enumerate(parts):
+            if part is not None:
+                key = names[index] if not isinstance(state, (tuple, list)) else f"{names[index]}#{j}"
+                arrays[key] = part.as_in_context(mx.cpu())
+    return arrays
+
+
 class PartialFCModule:
     """Backbone + head on one rank; every rank constructs it and calls step() in lock step."""
 
@@ -140,15 +154,7 @@ class PartialFCModule:
         Arrays only, so a checkpoint can hold them in MXNet's .params format: MXNet's
         own save_optimizer_states pickles, and loading a pickle can run code.
         """
-        names = self.module._exec_group.param_names      # the updater's index i is parameter i (one device)
-        arrays = {}
-        for index, state in self.module._updater.states.items():
-            parts = state if isinstance(state, (tuple, list)) else (state,)
-            for j, part in enumerate(parts):
-                if part is not None:
-                    key = names[index] if not isinstance(state, (tuple, list)) else f"{names[index]}#{j}"
-                    arrays[key] = part.as_in_context(mx.cpu())
-        return arrays
+        return named_states(self.module._updater.states, self.module._exec_group.param_names)
 
     def load_optimizer_state(self, arrays: "dict[str, mx.nd.NDArray]", source: str) -> None:
         """Restore what optimizer_state() returned; every name and shape is checked against the backbone
