@@ -329,10 +329,15 @@ def job_failure(output: str, ranks: int) -> "str | None":
     return stops.first_failure(stops.read_records(os.path.join(output, "logs"), range(ranks)))
 
 
-def newest_checkpoint(output: str) -> str:
-    """The newest complete checkpoint, named by what it holds, or '-'."""
+def newest_checkpoint(output: str):
+    """The newest complete checkpoint of the output folder (checkpoint.Saved), or None."""
     from . import checkpoint
-    saved = checkpoint.latest(os.path.join(output, "checkpoints"))
+    return checkpoint.latest(os.path.join(output, "checkpoints"))
+
+
+def held(output: str) -> str:
+    """The newest checkpoint named by what it holds, or '-': for the timeline and messages."""
+    saved = newest_checkpoint(output)
     return "-" if saved is None else saved.describe()
 
 
@@ -360,7 +365,7 @@ class Supervisor:
         self.length = list(length)      # the run's length as asked for (max_update, num_epoch): see run()
         # with --start_over, the earlier run's newest checkpoint: launches start afresh while it is in place (the
         # trainer moves it aside as it starts; a job lost before that must not resume the earlier run)
-        self.earlier_run = self._newest_path() if start_over else None
+        self.earlier_run = getattr(newest_checkpoint(output), "path", None) if start_over else None
         self.launch_id: "str | None" = None      # of the job watched now (None: a run started by hand)
         self.timeline = os.path.join(output, "elastic-timeline.tsv")
         self.restarts = 0
@@ -371,15 +376,15 @@ class Supervisor:
     # -- records
     def event(self, ranks: "int | None", hosts, what: str) -> None:
         """One line of the timeline and of the log."""
-        held = newest_checkpoint(self.output)
+        newest = held(self.output)
         hosts_text = ",".join(f"{h}:{n}" for h, n in hosts) or "-"
         ranks_text = "?" if ranks is None else str(ranks)
         new = not os.path.exists(self.timeline)
         with open(self.timeline, "a") as f:
             if new:
                 f.write("time\tcheckpoint\tranks\thosts\tevent\n")
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}\t{held}\t{ranks_text}\t{hosts_text}\t{what}\n")
-        log.info(f"[newest checkpoint {held}; {ranks_text} ranks on {hosts_text}] {what}")
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}\t{newest}\t{ranks_text}\t{hosts_text}\t{what}\n")
+        log.info(f"[newest checkpoint {newest}; {ranks_text} ranks on {hosts_text}] {what}")
 
     # -- discovery
     def hosts_now(self) -> Hosts:
@@ -410,11 +415,6 @@ class Supervisor:
         end = time.time() + seconds
         while self.interrupted is None and time.time() < end:
             time.sleep(min(0.2, end - time.time()))
-
-    def _newest_path(self) -> "str | None":
-        from . import checkpoint
-        saved = checkpoint.latest(os.path.join(self.output, "checkpoints"))
-        return None if saved is None else saved.path
 
     # -- launching and adopting
     def command(self, assigned, resume: bool) -> "list[str]":
@@ -504,7 +504,7 @@ class Supervisor:
                 assigned = hosts.assign(self.args.max_np)
                 np_ = sum(n for _, n in assigned)
                 fresh = self.earlier_run is not None and os.path.isdir(self.earlier_run)
-                resume = not fresh and (resume or newest_checkpoint(self.output) != "-")
+                resume = not fresh and (resume or newest_checkpoint(self.output) is not None)
                 self.event(np_, assigned, f"launch ({reason})" + (": --resume latest" if resume else ""))
                 job = self.launch(assigned, resume)
             code = self.watch(job, np_, assigned)
@@ -516,7 +516,7 @@ class Supervisor:
             status = "exit status unknown: adopted" if code is None else f"exit {code}"
             stopped = _read_json(stopped_record_path(self.output))
             if stopped is not None:
-                reason = f"grow: stopped at {newest_checkpoint(self.output)} to take more ranks"
+                reason = f"grow: stopped at {held(self.output)} to take more ranks"
                 continue
             if self.own_record(finished_record_path(self.output)) is not None:
                 self.event(np_, assigned, "finished")
