@@ -110,6 +110,11 @@ def printable(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def inside(real_root: str, path: str) -> bool:
+    """Whether `path`, all symlinks resolved, lies in `real_root` (itself resolved)."""
+    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
+
+
 def read_file(path: str, limit: int = MAX_IMAGE_BYTES, within: "str | None" = None) -> bytes:
     """A regular file's bytes; ImageError naming it when it cannot be read, is not a regular file,
     is larger than `limit`, or (with `within`, a resolved folder) is not a file under `within`.
@@ -129,7 +134,7 @@ def read_file(path: str, limit: int = MAX_IMAGE_BYTES, within: "str | None" = No
             if not stat.S_ISREG(st.st_mode):
                 raise ImageError(f"{shown} is not a regular file ({file_kind(path)}): only image files are read")
             opened = os.readlink(f"/proc/self/fd/{fd}") if within and os.path.isdir("/proc/self/fd") else None
-            if opened is not None and not opened.startswith(within.rstrip(os.sep) + os.sep):
+            if opened is not None and not inside(within, opened):
                 # checked on the file opened: a symlink swapped in after the caller's check leads nowhere else
                 raise ImageError(f"{shown} leads to {printable(opened)}, outside {printable(within)}: only files "
                                  "under the image folder are read")

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .faces import ImageError, printable, read_file
-from .pack import IMAGE_SUFFIXES, inside, list_identities
+from .faces import ImageError, inside, printable, read_file
+from .pack import IMAGE_SUFFIXES, list_identities
 from .records import DataError
 
 log = logging.getLogger(__name__)

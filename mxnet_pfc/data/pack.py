@@ -30,7 +30,7 @@ import cv2
 from tqdm import tqdm
 
 from ..errors import PfcError
-from .faces import ImageError, WrongSize, decode_image, file_kind, fit_size, printable, read_file
+from .faces import ImageError, WrongSize, decode_image, file_kind, fit_size, inside, printable, read_file
 from .records import DataError, RecordWriter
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,6 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 LOCK_NAME = ".pack.lock"
 WRITTEN = ("train.rec", "train.idx", "property", "identities.txt")
-
-
-def inside(real_root: str, path: str) -> bool:
-    """Whether `path`, all symlinks resolved, lies in `real_root` (itself resolved)."""
-    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
 
 
 def list_identities(root: str) -> "list[tuple[str, list[str]]]":
