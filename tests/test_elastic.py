@@ -19,6 +19,18 @@ def test_parse_hosts_reads_horovods_format():
         elastic.parse_hosts("a:x", 1)
 
 
+def kill_rank_1_once(output, supervisor, ready, what: str) -> str:
+    """Once the newest checkpoint is `ready` (a test on checkpoint.Saved) and both ranks run: rank 1
+    SIGKILLed while rank 0 is frozen; the supervisor's output, once it has ended with exit 0."""
+    wait_until(lambda: ((newest := checkpoint.latest(str(output / "checkpoints"))) is not None and ready(newest)
+                        and trainer_pid(output, 0) and trainer_pid(output, 1)), 240, what, proc=supervisor)
+    with frozen([trainer_pid(output, 0)]):
+        os.kill(trainer_pid(output, 1), signal.SIGKILL)
+    out = finish_command(supervisor, timeout=400)
+    assert supervisor.returncode == 0, out[-4000:]
+    return out
+
+
 def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_path):
     """1 rank -> the script lists 2 slots -> the job stops at its next checkpoint and relaunches on 2 ->
     rank 1 is killed -> relaunched on 2 from the last checkpoint -> finishes. No step is lost beyond the
@@ -46,13 +58,7 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
     grown_at = held_samples(grow)
     # the first checkpoint after the request (every 6 steps of 8 samples), whenever the test got to freeze the job
     assert grown_at % 48 == 0 and frozen_at * 8 <= grown_at <= (frozen_at + 12) * 8, (frozen_at, grow)
-    wait_until(lambda: (getattr(checkpoint.latest(str(output / "checkpoints")), "world_size", 0) == 2
-                        and trainer_pid(output, 0) and trainer_pid(output, 1)), 240,
-               "a checkpoint written on two ranks", proc=proc)
-    with frozen([trainer_pid(output, 0)]):
-        os.kill(trainer_pid(output, 1), signal.SIGKILL)
-    out = finish_command(proc, timeout=400)
-    assert proc.returncode == 0, out[-4000:]
+    out = kill_rank_1_once(output, proc, lambda newest: newest.world_size == 2, "a checkpoint written on two ranks")
     events = timeline(output)
     assert events[0]["event"] == "launch (start)" and events[0]["ranks"] == "1", events
     restart = next(e for e in events if e["event"].startswith("launch (restart 1/1"))
@@ -207,13 +213,7 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
                                               "--frequent", 1, "--verbose", 1000, "--start_over", "true"))
     # any checkpoint of the new run will do (the earlier run's newest holds 480 samples); 42 steps after the
     # first one leave the test time to act on a loaded machine
-    wait_until(lambda: (getattr(checkpoint.latest(str(output / "checkpoints")), "samples_seen", 480) < 480
-                        and trainer_pid(output, 0) and trainer_pid(output, 1)), 240,
-               "the new run's first checkpoint", proc=proc)
-    with frozen([trainer_pid(output, 0)]):
-        os.kill(trainer_pid(output, 1), signal.SIGKILL)
-    out = finish_command(proc, timeout=400)
-    assert proc.returncode == 0, out[-4000:]
+    out = kill_rank_1_once(output, proc, lambda newest: newest.samples_seen < 480, "the new run's first checkpoint")
     events = timeline(output)
     launches = [e["event"] for e in events if e["event"].startswith("launch")]
     assert launches[0] == "launch (start)" and "--resume latest" in launches[1], events
