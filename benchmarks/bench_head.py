@@ -23,7 +23,9 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc import CombinedMarginLoss, PartialFC, comm, margin
+from mxnet_pfc import CombinedMarginLoss, PartialFC
+from mxnet_pfc.runtime import comm
+from mxnet_pfc.head import margin
 from mxnet_pfc.plan import head_memory
 from timing import append_json, synced
 

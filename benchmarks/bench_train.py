@@ -4,8 +4,8 @@ Run under a launcher, one process per rank, e.g. on this machine's CPU:
 
     OMP_NUM_THREADS=1 horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python benchmarks/bench_train.py
 
-The trainer's own set-up builds everything (train.prepare on a `speed-*`
-style configuration: random images, no I/O; train.build_distributed: the head
+The trainer's own set-up builds everything (trainer.prepare on a `speed-*`
+style configuration: random images, no I/O; trainer.build_distributed: the head
 and the module). Each round then times, one after the other:
 
   step     the trainer's step as Trainer.run takes it: next(data), then
@@ -33,10 +33,10 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc import comm
-from mxnet_pfc import config as config_lib
-from mxnet_pfc import train
-from mxnet_pfc.module import PHASES
+from mxnet_pfc.runtime import comm
+from mxnet_pfc.training import config as config_lib
+from mxnet_pfc.training import trainer
+from mxnet_pfc.training.module import PHASES
 from timing import append_json, synced
 
 nd = mx.nd
@@ -68,8 +68,8 @@ def main(argv=None):
         context="cpu", output="/tmp/bench_train-unused"))
     comm.init()
     rank, world = comm.rank(), comm.size()
-    setup = train.prepare(cfg, rank, world)
-    head, module = train.build_distributed(setup.cfg, setup.ctx, setup.schedule, setup.symbol)
+    setup = trainer.prepare(cfg, rank, world)
+    head, module = trainer.build_distributed(setup.cfg, setup.ctx, setup.schedule, setup.symbol)
     data, lr = setup.data, setup.schedule(0)
     K, B = args.grad_accum, args.batch_size
     embedding_grad = nd.random.normal(0, 1e-3, shape=(B, cfg.embedding_size), ctx=setup.ctx)

@@ -19,8 +19,9 @@ import sys
 
 import numpy as np
 
-from mxnet_pfc import comm, train
-from mxnet_pfc.partial_fc import PartialFC
+from mxnet_pfc.runtime import comm
+from mxnet_pfc.training import trainer
+from mxnet_pfc.head.partial_fc import PartialFC
 
 
 def emulate_half_storage(report_every: int) -> None:
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.half:
         emulate_half_storage(args.report_every)
-    return train.main([a for a in args.trainer_args if a != "--"])
+    return trainer.main([a for a in args.trainer_args if a != "--"])
 
 
 if __name__ == "__main__":

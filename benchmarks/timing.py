@@ -6,7 +6,7 @@ import time
 
 import mxnet as mx
 
-from mxnet_pfc import comm
+from mxnet_pfc.runtime import comm
 
 
 def synced(fn) -> float:

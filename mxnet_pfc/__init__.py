@@ -1,7 +1,20 @@
-"""mxnet-pfc: Partial FC for MXNet + Horovod (sharded, sampled, exact margin softmax)."""
-from .margin import CombinedMarginLoss
-from .memory_bank import MemoryBank, shard_range
-from .partial_fc import PartialFC, PartialFCInputError
+"""mxnet-pfc: Partial FC for MXNet + Horovod (sharded, sampled, exact margin softmax).
 
-__all__ = ["CombinedMarginLoss", "MemoryBank", "PartialFC", "PartialFCInputError", "shard_range"]
+The modules at this level are the commands (`python -m mxnet_pfc.NAME`); the
+folders are the layers: head, runtime, training, data, eval, models. The head's
+public classes are importable from here; they load MXNet only when first used,
+so a command that does arithmetic alone (plan) starts without it.
+"""
+import importlib
+
+_PUBLIC = {"CombinedMarginLoss": "mxnet_pfc.head.margin", "MemoryBank": "mxnet_pfc.head.memory_bank",
+           "shard_range": "mxnet_pfc.head.memory_bank", "PartialFC": "mxnet_pfc.head.partial_fc",
+           "PartialFCInputError": "mxnet_pfc.head.partial_fc"}
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'mxnet_pfc' has no attribute {name!r}")

@@ -22,12 +22,12 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from .data.faces import ImageError, WrongSize, decode_face, read_file
-from .data.pack import IMAGE_SUFFIXES, list_identities
-from .device import add_context_option, choose_context
-from .errors import PfcError
-from .eval.verification import embed_pairs
-from .inference import Embedder, load_model, positive_int
+from mxnet_pfc.data.faces import ImageError, WrongSize, decode_face, read_file
+from mxnet_pfc.data.pack import IMAGE_SUFFIXES, list_identities
+from mxnet_pfc.runtime.device import add_context_option, choose_context
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.eval.verification import embed_pairs
+from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 
 
 class EmbedError(PfcError, ValueError):

@@ -4,7 +4,7 @@
     python -m mxnet_pfc.plan --published
 
 The model counts the head's own arrays on one rank (the rank with the most
-classes), as mxnet_pfc.partial_fc allocates them. On the device (what must
+classes), as mxnet_pfc.head.partial_fc allocates them. On the device (what must
 fit in --device-memory):
 
   centers, momentum   num_local x D, in the storage dtype (float32 here)
@@ -31,8 +31,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from .memory_bank import shard_range
-from .partial_fc import expected_draws, max_sampled_centers, num_sampled_centers
+from mxnet_pfc.head.memory_bank import shard_range
+from mxnet_pfc.head.partial_fc import expected_draws, max_sampled_centers, num_sampled_centers
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2}

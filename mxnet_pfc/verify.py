@@ -10,11 +10,11 @@ import argparse
 import sys
 
 
-from .device import add_context_option, choose_context
-from .errors import PfcError
-from .eval.verification import Verifier
-from .files import write_json
-from .inference import load_model, positive_int
+from mxnet_pfc.runtime.device import add_context_option, choose_context
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.eval.verification import Verifier
+from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.models.inference import load_model, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,8 +14,9 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc import CombinedMarginLoss, PartialFC, comm
-from mxnet_pfc.module import PartialFCModule
+from mxnet_pfc import CombinedMarginLoss, PartialFC
+from mxnet_pfc.runtime import comm
+from mxnet_pfc.training.module import PartialFCModule
 
 
 def main(input_path, out_dir):

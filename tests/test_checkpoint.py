@@ -15,8 +15,10 @@ import pytest
 
 from launch import REFERENCE_RUN as RUN, REPO, ckpt, config_sh, final_summary, losses, run_command, run_ranks, \
     saved_steps, tiny_synthetic_run
-from mxnet_pfc import checkpoint, files, memory_bank
-from mxnet_pfc.memory_bank import shard_range
+from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime import files
+from mxnet_pfc.head import memory_bank
+from mxnet_pfc.head.memory_bank import shard_range
 
 def test_checkpoints_are_written_and_pruned(reference):
     _, run = reference
@@ -182,8 +184,8 @@ def test_atomic_path_leaves_nothing_behind_on_failure(tmp_path):
 def test_a_chain_of_resumes_keeps_the_first_runs_length():
     """--max_update 48 on 1 rank (batch 8), resumed on 2 ranks (24 steps of 16), resumed again on 2:
     still 24 steps. (The second resume read --max_update again and trained to step 48: twice as long.)"""
-    from mxnet_pfc import config as config_lib
-    from mxnet_pfc.run_plan import run_length
+    from mxnet_pfc.training import config as config_lib
+    from mxnet_pfc.training.run_plan import run_length
     cfg = config_lib.parse_args(["--max_update", "48", "--output", "/tmp/unused"])
     first = {"max_update": 48, "global_batch": 8, "config": {"max_update": 48}}
     assert run_length(cfg, 20, 16, first)[0] == 24

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from launch import REPO, rank_env
-from mxnet_pfc import config as cfg
-from mxnet_pfc.lr_schedule import LRSchedule
+from mxnet_pfc.training import config as cfg
+from mxnet_pfc.training.lr_schedule import LRSchedule
 
 
 def test_default_is_the_synthetic_cpu_run():

@@ -9,14 +9,15 @@ import pytest
 
 from launch import ELASTIC, REFERENCE_RUN, elastic_timeline as timeline, finish_command, frozen, held_samples, \
     last_logged_step, losses, start_command, tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
-from mxnet_pfc import checkpoint, elastic
+from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime import supervisor
 
 def test_parse_hosts_reads_horovods_format():
-    hosts = elastic.parse_hosts("a:2\nb\n# a comment\n\nc:0\na:3\n", default_slots=4)
+    hosts = supervisor.parse_hosts("a:2\nb\n# a comment\n\nc:0\na:3\n", default_slots=4)
     assert hosts.slots == (("a", 3), ("b", 4)) and hosts.total == 7
     assert hosts.assign(5) == (("a", 3), ("b", 2))
     with pytest.raises(ValueError, match="line 1: 'a:x' is not host:slots"):
-        elastic.parse_hosts("a:x", 1)
+        supervisor.parse_hosts("a:x", 1)
 
 
 def kill_rank_1_once(output, supervisor, ready, what: str) -> str:
@@ -80,10 +81,10 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
 def test_network_interface_is_left_out_only_when_every_host_is_local():
     """horovodrun 0.28 takes only loopback when all hosts are local (the relaunch on one surviving host)."""
     args = "--network-interface eth9 --gloo-timeout-seconds 10"
-    assert elastic.launcher_options(args, ["127.0.0.1"]) == ["--gloo-timeout-seconds", "10"]
-    assert elastic.launcher_options(args, ["127.0.0.1", "192.0.2.7"]) == args.split()     # a remote host
-    assert elastic.launcher_options("--network-interfaces=eth0,eth1", ["localhost"]) == []
-    assert elastic.launcher_options("--verbose", ["no-such-host.invalid"]) == ["--verbose"]   # no lookup needed
+    assert supervisor.launcher_options(args, ["127.0.0.1"]) == ["--gloo-timeout-seconds", "10"]
+    assert supervisor.launcher_options(args, ["127.0.0.1", "192.0.2.7"]) == args.split()     # a remote host
+    assert supervisor.launcher_options("--network-interfaces=eth0,eth1", ["localhost"]) == []
+    assert supervisor.launcher_options("--verbose", ["no-such-host.invalid"]) == ["--verbose"]   # no lookup needed
 
 
 def test_a_broken_discovery_script_is_named(tmp_path):
@@ -99,7 +100,7 @@ def test_gives_up_without_enough_slots(tmp_path):
                                     "--wait-timeout", 2, "--discovery-interval", 0.5, "--",
                                     "--output", output, "--max_update", 5])
     out = finish_command(proc, timeout=60)
-    assert proc.returncode == elastic.EXIT_GAVE_UP, out
+    assert proc.returncode == supervisor.EXIT_GAVE_UP, out
     assert "gave up: fewer than --min-np 2 slots for 2 s" in out
     assert [e["event"].split(" (")[0] for e in timeline(output)] == ["waiting for at least 2 slots",
                                                                     "gave up: fewer than --min-np 2 slots for 2 s"]
@@ -142,7 +143,7 @@ def test_max_restarts_and_ctrl_c_during_a_restart_leave_nothing_running(tmp_path
                          env={"FAKE_STATE": str(tmp_path / "launched"), "FAKE_MARK": mark})
     if max_restarts == 0:
         out = finish_command(proc, timeout=60)
-        assert proc.returncode == elastic.EXIT_GAVE_UP, out
+        assert proc.returncode == supervisor.EXIT_GAVE_UP, out
         assert timeline(output)[-1]["event"] == ("gave up: the job ended (exit 1) without finishing and "
                                                  "--max-restarts 0 relaunches are spent")
     else:
@@ -253,7 +254,7 @@ def test_records_of_another_run_are_not_taken_for_the_jobs(tmp_path, left_behind
                                     "--", "--output", output, "--max_update", 5, "--start_over", "true"],
                          env={"FAKE_BYSTANDER": str(output) if left_behind == "busy" else ""})
     out = finish_command(proc, timeout=60)
-    assert proc.returncode == elastic.EXIT_GAVE_UP, out
+    assert proc.returncode == supervisor.EXIT_GAVE_UP, out
     events = [e["event"] for e in timeline(output)]
     assert events[0] == "launch (start)" and events[-1].startswith("gave up: the job ended (exit 1)"), events
 

@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxnet_pfc import exchange
+from mxnet_pfc.head import exchange
 
 CTX = mx.cpu()
 D, C = 8, 50

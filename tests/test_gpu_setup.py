@@ -3,7 +3,7 @@
 A stand-in `nvidia-smi` on PATH prints what a real one prints for the GPUs of
 each case (or fails as a real one does without a driver). It drives
 setup-utils/install.sh --dry-run (which installs nothing), the start-time checks
-of mxnet_pfc/device.py, and config.sh's LD_LIBRARY_PATH on a fake
+of mxnet_pfc/runtime/device.py, and config.sh's LD_LIBRARY_PATH on a fake
 site-packages/nvidia tree. None of this ran on a GPU.
 """
 import os
@@ -16,8 +16,8 @@ import mxnet as mx
 import pytest
 
 from launch import REPO
-from mxnet_pfc import comm, device
-from mxnet_pfc.config import ConfigError
+from mxnet_pfc.runtime import comm, device
+from mxnet_pfc.training.config import ConfigError
 
 H100 = ("NVIDIA H100 80GB HBM3", "9.0")
 A100 = ("NVIDIA A100-SXM4-80GB", "8.0")
@@ -161,7 +161,7 @@ def test_setup_old_driver_without_compute_cap_installs_the_cuda_wheel_unchecked(
     assert "plan: mxnet package: mxnet-cu112==1.9.1" in out
 
 
-# ---- (b) the trainer's start-time checks (mxnet_pfc/device.py) ----
+# ---- (b) the trainer's start-time checks (mxnet_pfc/runtime/device.py) ----
 
 def test_gpu_models_reads_nvidia_smi(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
@@ -226,7 +226,7 @@ def test_choose_context_when_mxnet_sees_no_gpu(monkeypatch, caplog):
     with pytest.raises(ConfigError) as error:
         device.choose_context("gpu", 0, gpus=h100)
     assert "nvidia-smi lists NVIDIA H100 80GB HBM3" in str(error.value) and "8.6" in str(error.value)
-    with caplog.at_level("WARNING", logger="mxnet_pfc.device"):
+    with caplog.at_level("WARNING", logger="mxnet_pfc.runtime.device"):
         assert device.choose_context("auto", 0, gpus=h100) == mx.cpu()
     assert "running on the CPU: MXNet sees no GPU (nvidia-smi lists NVIDIA H100 80GB HBM3" in caplog.text
     assert "no kernels for compute capability above 8.6" in caplog.text       # and why, at start
@@ -235,11 +235,11 @@ def test_choose_context_when_mxnet_sees_no_gpu(monkeypatch, caplog):
 def test_horovod_check_before_the_first_gpu_step(caplog):
     with pytest.raises(ConfigError, match="Horovod was built without CUDA"):
         device.check_horovod_gpu(mx.gpu(0), distributed=True, horovod_build=(False, 0))
-    with caplog.at_level("WARNING", logger="mxnet_pfc.device"):
+    with caplog.at_level("WARNING", logger="mxnet_pfc.runtime.device"):
         device.check_horovod_gpu(mx.gpu(0), distributed=True, horovod_build=(True, 0))
     assert "without NCCL" in caplog.text and "host memory" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="mxnet_pfc.device"):
+    with caplog.at_level("WARNING", logger="mxnet_pfc.runtime.device"):
         device.check_horovod_gpu(mx.gpu(0), distributed=True, horovod_build=(True, 22105))
         device.check_horovod_gpu(mx.cpu(), distributed=True, horovod_build=(False, 0))
         device.check_horovod_gpu(mx.gpu(0), distributed=False, horovod_build=(False, 0))
@@ -305,7 +305,7 @@ def test_wheel_ships_the_packages_the_kernel_source_and_the_commands(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [wheel] = (tmp_path / "dist").glob("mxnet_pfc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("mxnet_pfc/kernels/pfc_kernels.cc", "mxnet_pfc/kernels/__init__.py", "mxnet_pfc/device.py",
+    for name in ("mxnet_pfc/head/kernels/pfc_kernels.cc", "mxnet_pfc/head/kernels/__init__.py", "mxnet_pfc/runtime/device.py",
                  "mxnet_pfc/data/records.py", "mxnet_pfc/eval/verification.py", "symbols/__init__.py",
                  "symbols/iresnet.py"):
         assert name in names, name
@@ -320,8 +320,8 @@ def test_wheel_ships_the_packages_the_kernel_source_and_the_commands(tmp_path):
 
 def test_installed_package_imports_without_pythonpath(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", "import mxnet_pfc, mxnet_pfc.kernels, symbols; "
-                           "print(mxnet_pfc.kernels.SOURCE.is_file(), symbols.names())"],
+    proc = subprocess.run([sys.executable, "-c", "import mxnet_pfc, mxnet_pfc.head.kernels, symbols; "
+                           "print(mxnet_pfc.head.kernels.SOURCE.is_file(), symbols.names())"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("True ") and "r18-lite" in proc.stdout

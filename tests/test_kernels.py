@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from launch import REPO, rank_env
-from mxnet_pfc import kernels
+from mxnet_pfc.head import kernels
 
 nd = mx.nd
 
@@ -30,7 +30,7 @@ def test_build_is_atomic_and_cached(tmp_path):
 def test_missing_compiler_falls_back_to_mxnet_ops(tmp_path):
     """No g++: a warning and the MXNet-op path, never a crash."""
     code = ("import logging; logging.basicConfig(); import mxnet as mx; "
-            "from mxnet_pfc.kernels import head_ops; print('OPS', head_ops(mx.cpu()).name)")
+            "from mxnet_pfc.head.kernels import head_ops; print('OPS', head_ops(mx.cpu()).name)")
     env = {**rank_env(), "MXNET_PFC_CACHE": str(tmp_path), "CXX": "no-such-compiler"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -39,7 +39,7 @@ def test_missing_compiler_falls_back_to_mxnet_ops(tmp_path):
 
 
 def test_disabled_by_environment():
-    code = "import mxnet as mx; from mxnet_pfc.kernels import head_ops; print('OPS', head_ops(mx.cpu()).name)"
+    code = "import mxnet as mx; from mxnet_pfc.head.kernels import head_ops; print('OPS', head_ops(mx.cpu()).name)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**rank_env(), "MXNET_PFC_KERNELS": "0"},
                           capture_output=True, text=True, timeout=120)
     assert "OPS mxnet" in proc.stdout, proc.stderr[-2000:]

@@ -170,7 +170,7 @@ def test_log_lines_carry_a_date(reference):
 
 
 def test_the_trainer_stops_on_an_mxnet_error_with_the_line_that_says_what_failed(tmp_path, capsys):
-    from mxnet_pfc import stops
+    from mxnet_pfc.runtime import stops
     (tmp_path / "x.params").write_bytes(b"not arrays")
     try:
         mx.nd.load(str(tmp_path / "x.params"))

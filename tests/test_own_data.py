@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from launch import config_sh, rank_stop_line, run_command
-from mxnet_pfc import config as config_lib
+from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.data import folders, synthetic
 from mxnet_pfc.data.faces import ImageError, decode_face
 from mxnet_pfc.data.iterators import FolderIter, RecordIter, epoch_order
 from mxnet_pfc.data.pack import pack
 from mxnet_pfc.data.records import DataError, RecordWriter, read_property
-from mxnet_pfc.exchange import FLOAT32_EXACT_INT
-from mxnet_pfc.run_plan import resolve_config
+from mxnet_pfc.head.exchange import FLOAT32_EXACT_INT
+from mxnet_pfc.training.run_plan import resolve_config
 from test_damaged_images import damaged
 
 IDENTITIES, PER_IDENTITY = 60, 6

@@ -16,7 +16,7 @@ import pytest
 
 from launch import (REFERENCE_RUN, ckpt, config_sh, losses, rank_stop_line, run_command, saved_steps,
                     tiny_synthetic_run)
-from mxnet_pfc import checkpoint, output_folder
+from mxnet_pfc.training import checkpoint, output_folder
 
 
 def copy_checkpoint(run, step: int, output):
@@ -192,7 +192,7 @@ def test_a_seed_changed_within_an_epoch_is_refused(reference, tmp_path):
 
 def test_a_pickled_center_file_runs_nothing_and_is_refused_naming_it(tmp_path):
     """np.load never unpickles: an object array saved as centers-rank00000.npy is refused, its code not run."""
-    from mxnet_pfc.memory_bank import MemoryBank
+    from mxnet_pfc.head.memory_bank import MemoryBank
     marker = tmp_path / "the-pickle-ran"
     np.save(tmp_path / "centers-rank00000.npy", np.array([RunsAShellCommand(f"touch {marker}")], dtype=object),
             allow_pickle=True)

@@ -5,7 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxnet_pfc.partial_fc import CenterSampler, expected_draws, num_sampled_centers, shard_range
+from mxnet_pfc.head.partial_fc import CenterSampler, expected_draws, num_sampled_centers, shard_range
 
 
 @pytest.mark.parametrize("num_classes", [1, 7, 103, 1000, 10 ** 9 + 7])

@@ -1,10 +1,10 @@
-"""What a rank says of the others when it stops (mxnet_pfc.stops), on simulated peers in one process."""
+"""What a rank says of the others when it stops (mxnet_pfc.runtime.stops), on simulated peers in one process."""
 import os
 import subprocess
 
 import pytest
 
-from mxnet_pfc import comm, stops
+from mxnet_pfc.runtime import comm, stops
 
 
 @pytest.fixture

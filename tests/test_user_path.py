@@ -15,7 +15,8 @@ import pytest
 
 from launch import (REFERENCE_RUN, REPO, ckpt, config_sh, finish_command, last_logged_step, losses, rank_stop_line,
                     run_command, run_ranks, saved_steps, start_command, tiny_synthetic_run, trainer_pid, wait_until)
-from mxnet_pfc import checkpoint, run_lock
+from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime import run_lock
 from mxnet_pfc.data import synthetic
 from mxnet_pfc.data.records import DataError, RecordWriter
 

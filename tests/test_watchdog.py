@@ -1,4 +1,4 @@
-"""A stuck rank never hangs the job (mxnet_pfc/watchdog.py), under horovodrun (Gloo), mpirun and the supervisor.
+"""A stuck rank never hangs the job (mxnet_pfc/runtime/watchdog.py), under horovodrun (Gloo), mpirun and the supervisor.
 
 The hang is put in as users' code cannot: a sitecustomize.py on the ranks' PYTHONPATH patches the data
 iterator of rank 1 to sleep forever (in Python, no SIGSTOP) when it fetches the batch of step STUCK_STEP.
@@ -13,7 +13,7 @@ import pytest
 
 from launch import (ELASTIC, REPO, config_sh, elastic_timeline, finish_command, last_logged_step, start_command,
                     tiny_synthetic_run, wait_until)
-from mxnet_pfc import stops
+from mxnet_pfc.runtime import stops
 
 STALL_TIMEOUT = 20       # seconds; each test's own bound allows for a slow, loaded machine on top
 STUCK_STEP = 6
@@ -133,7 +133,7 @@ def check_stuck_run(proc, output, tmp_path, out):
     assert "no progress for" in (logs / "rank1.log").read_text()          # the warning, then the stop
     records = stops.read_records(str(logs), range(2))
     assert records[1].startswith(stops.STALLED), records
-    # no error of the run's own: the elastic supervisor relaunches (elastic.job_failure)
+    # no error of the run's own: the elastic supervisor relaunches (supervisor.job_failure)
     assert stops.first_failure(records) is None, records
     assert "done:" not in out
 
@@ -206,9 +206,9 @@ def test_a_fifo_as_a_verification_set_stops_the_job(data, tmp_path):
 
 
 def test_stall_records_are_no_error_of_the_runs_own(tmp_path, monkeypatch):
-    """The elastic supervisor relaunches after a stall (elastic.job_failure is stops.first_failure), and a
+    """The elastic supervisor relaunches after a stall (supervisor.job_failure is stops.first_failure), and a
     signal that ends a rank after its stall record does not replace it."""
-    from mxnet_pfc import comm
+    from mxnet_pfc.runtime import comm
     monkeypatch.setattr(comm, "size", lambda: 2)
     monkeypatch.setattr(comm, "rank", lambda: 0)
     monkeypatch.setitem(stops._state, "logs", str(tmp_path))

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from ..errors import PfcError
-from .iterators import count_classes
-from .records import DataError, decode_image_record, open_records, read_record
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.data.iterators import count_classes
+from mxnet_pfc.data.records import DataError, decode_image_record, open_records, read_record
 
 
 def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]", threads: int = 4,

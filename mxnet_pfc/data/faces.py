@@ -37,7 +37,7 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from ..errors import PfcError
+from mxnet_pfc.runtime.errors import PfcError
 
 FACE_SIZE = 112       # side of an aligned face crop, in pixels, unless configured otherwise
 MAX_IMAGE_BYTES = 64 << 20     # no face image is near this: a larger file is refused unread

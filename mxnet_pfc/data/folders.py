@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .faces import ImageError, inside, printable, read_file
-from .pack import IMAGE_SUFFIXES, list_identities
-from .records import DataError
+from mxnet_pfc.data.faces import ImageError, inside, printable, read_file
+from mxnet_pfc.data.pack import IMAGE_SUFFIXES, list_identities
+from mxnet_pfc.data.records import DataError
 
 log = logging.getLogger(__name__)
 

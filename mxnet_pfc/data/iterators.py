@@ -16,8 +16,8 @@ from typing import NamedTuple
 import mxnet as mx
 import numpy as np
 
-from .faces import ImageError, decode_face
-from .records import DataError, open_records, read_property, read_record, unpack_image_record
+from mxnet_pfc.data.faces import ImageError, decode_face
+from mxnet_pfc.data.records import DataError, open_records, read_property, read_record, unpack_image_record
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 import cv2
 from tqdm import tqdm
 
-from ..errors import PfcError
-from .faces import ImageError, WrongSize, decode_image, file_kind, fit_size, inside, printable, read_file
-from .records import DataError, RecordWriter
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.data.faces import ImageError, WrongSize, decode_image, file_kind, fit_size, inside, printable, read_file
+from mxnet_pfc.data.records import DataError, RecordWriter
 
 log = logging.getLogger(__name__)
 

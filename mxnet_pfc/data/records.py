@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-from ..errors import PfcError
-from ..exchange import FLOAT32_EXACT_INT
-from .faces import DamagedJPEG, ImageError, decode_face  # noqa: F401 (DamagedJPEG: its old home)
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.head.exchange import FLOAT32_EXACT_INT
+from mxnet_pfc.data.faces import DamagedJPEG, ImageError, decode_face  # noqa: F401 (DamagedJPEG: its old home)
 
 
 class DataError(PfcError, ValueError):

@@ -26,9 +26,9 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import PfcError
-from ..files import atomic_path
-from .records import DataError, RecordWriter
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.files import atomic_path
+from mxnet_pfc.data.records import DataError, RecordWriter
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import os
 import cv2
 import numpy as np
 
-from .synthetic import SIZE, draw_identities, render
+from mxnet_pfc.data.synthetic import SIZE, draw_identities, render
 
 LOOSE = 160            # side of a loose crop, pixels
 

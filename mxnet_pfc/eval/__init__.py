@@ -1,1 +1,3 @@
-"""Verification on InsightFace .bin pair sets."""
+"""Evaluation: verification on InsightFace .bin pair sets, IJB-B / IJB-C (data,
+alignment, metrics, plots), and the evaluation the trainer runs between steps.
+"""

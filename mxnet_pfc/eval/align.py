@@ -12,7 +12,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from ..errors import PfcError
+from mxnet_pfc.runtime.errors import PfcError
 
 # where the five points sit in a 112x112 ArcFace crop (x, y)
 ARCFACE_TEMPLATE = np.array([[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366],

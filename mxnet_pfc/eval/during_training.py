@@ -7,9 +7,9 @@ import time
 
 import mxnet as mx
 
-from ..ijb import IJBSet, headline
-from ..logs import ROOT_LOGGER
-from .verification import Verifier
+from mxnet_pfc.eval.ijb import IJBSet, headline
+from mxnet_pfc.runtime.logs import ROOT_LOGGER
+from mxnet_pfc.eval.verification import Verifier
 
 log = logging.getLogger(ROOT_LOGGER)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data.faces import ImageError, decode_image, read_file
-from ..errors import PfcError
-from .align import align, landmark_problem
+from mxnet_pfc.data.faces import ImageError, decode_image, read_file
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.eval.align import align, landmark_problem
 
 GALLERIES = {"ijbc": ("G1", "G2"), "ijbb": ("S1", "S2")}
 

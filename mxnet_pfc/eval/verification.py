@@ -23,9 +23,9 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from ..data.faces import ImageError, decode_face
-from ..errors import PfcError
-from ..inference import Embedder
+from mxnet_pfc.data.faces import ImageError, decode_face
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.models.inference import Embedder
 
 
 class BinFormatError(PfcError, ValueError):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import mxnet as mx
 
-from . import checkpoint
-from .checkpoint import CheckpointError
+from mxnet_pfc.training import checkpoint
+from mxnet_pfc.training.checkpoint import CheckpointError
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,13 @@ import math
 import mxnet as mx
 import numpy as np
 
-from . import comm, exchange, seeding
-from .errors import PfcError
-from .exchange import PartialFCInputError
-from .kernels import head_ops
-from .margin import CombinedMarginLoss
-from .memory_bank import MemoryBank, shard_range
+from mxnet_pfc.runtime import comm, seeding
+from mxnet_pfc.head import exchange
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.head.exchange import PartialFCInputError
+from mxnet_pfc.head.kernels import head_ops
+from mxnet_pfc.head.margin import CombinedMarginLoss
+from mxnet_pfc.head.memory_bank import MemoryBank, shard_range
 
 __all__ = ["PartialFC", "PartialFCInputError", "NonFiniteLossError", "CenterSampler", "shard_range",
            "num_sampled_centers", "max_sampled_centers", "expected_draws"]

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import mxnet as mx
 
-from .errors import PfcError
+from mxnet_pfc.runtime.errors import PfcError
 
 # How long a fault may take to stop the job, when the launcher has not already
 # (a process that dies closes its sockets, and horovodrun/mpirun end the job at
@@ -62,7 +62,7 @@ def init() -> None:
     _initialised = True
     # MXNet loads custom-op libraries safely only before Horovod starts its
     # threads (MXLoadLib after hvd.init() crashes), so the head's kernels go first.
-    from .kernels import load_fused
+    from mxnet_pfc.head.kernels import load_fused
     load_fused()
     try:
         import horovod.mxnet as hvd

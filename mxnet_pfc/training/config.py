@@ -36,9 +36,9 @@ from dataclasses import dataclass, fields
 
 import symbols
 
-from . import margin
-from .errors import PfcError
-from .files import write_json
+from mxnet_pfc.head import margin
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.files import write_json
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import logging
 import shutil
 import subprocess
 
-from .config import ConfigError
+from mxnet_pfc.training.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def check_horovod_gpu(ctx, distributed: bool, horovod_build: "tuple[bool, int] |
     if ctx.device_type != "gpu" or not distributed:
         return
     if horovod_build is None:
-        from . import comm
+        from mxnet_pfc.runtime import comm
         horovod_build = comm.horovod_gpu_build()
     cuda, nccl = horovod_build
     if not cuda:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import time
 
-from . import checkpoint
-from .errors import PfcError
+from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime.errors import PfcError
 
 EARLIER_RUNS = "earlier-runs"
 # What a run writes into its output folder (train.py, metrics.py, export.py): moved together by --start_over.

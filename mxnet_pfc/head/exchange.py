@@ -19,7 +19,7 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 
-from .errors import PfcError
+from mxnet_pfc.runtime.errors import PfcError
 
 nd = mx.nd
 

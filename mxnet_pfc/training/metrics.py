@@ -12,7 +12,7 @@ import logging
 import os
 import time
 
-from .files import atomic_path
+from mxnet_pfc.runtime.files import atomic_path
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import numpy as np
 
 import symbols
 
-from . import checkpoint
-from .errors import PfcError, load_checkpoint
+from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
 
 
 class ModelError(PfcError, ValueError):

@@ -14,8 +14,8 @@ import os
 import mxnet as mx
 import numpy as np
 
-from .errors import CheckpointError
-from .kernels import center_gradients, set_rows
+from mxnet_pfc.runtime.errors import CheckpointError
+from mxnet_pfc.head.kernels import center_gradients, set_rows
 
 nd = mx.nd
 

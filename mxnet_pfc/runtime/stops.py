@@ -33,10 +33,10 @@ import zlib
 
 import mxnet as mx
 
-from . import comm
-from .errors import PfcError, mxnet_reason
-from .logs import ROOT_LOGGER
-from .run_lock import boot_id
+from mxnet_pfc.runtime import comm
+from mxnet_pfc.runtime.errors import PfcError, mxnet_reason
+from mxnet_pfc.runtime.logs import ROOT_LOGGER
+from mxnet_pfc.runtime.run_lock import boot_id
 
 log = logging.getLogger(ROOT_LOGGER)
 
@@ -211,7 +211,7 @@ def other_rank_cause() -> "str | None":
         return failure
     stall = stall_cause(records)
     if stall is not None:
-        from . import watchdog          # imported late: watchdog.py records through this module
+        from mxnet_pfc.runtime import watchdog          # imported late: watchdog.py records through this module
         own = watchdog.own_wait()
         return f"{stall}; {own}" if own else stall
     if _state["logs"] is not None:

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import PfcError
+from mxnet_pfc.runtime.errors import PfcError
 
 LOCK_NAME = "RUNNING.lock"
 HEARTBEAT_SECONDS = 10.0

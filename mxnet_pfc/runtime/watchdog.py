@@ -34,13 +34,13 @@ import time
 import traceback
 from contextlib import contextmanager
 
-from . import comm, stops
-from .logs import ROOT_LOGGER
+from mxnet_pfc.runtime import comm, stops
+from mxnet_pfc.runtime.logs import ROOT_LOGGER
 
 log = logging.getLogger(ROOT_LOGGER)
 
-OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
-COMM = os.path.join(OURS, "comm.py")        # where a collective waits: the caller says more
+OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep     # the package
+COMM = os.path.join(OURS, "runtime", "comm.py")        # where a collective waits: the caller says more
 # the libraries a main thread waits inside while a collective is under way
 LIBRARIES = tuple(os.path.dirname(spec.origin) + os.sep for spec in map(importlib.util.find_spec, ("mxnet", "horovod"))
                   if spec is not None and spec.origin)

@@ -103,7 +103,7 @@ def load_fused() -> bool:
             log.info("fused kernels disabled by MXNET_PFC_KERNELS=0")
         elif _horovod_started():
             log.warning("fused Partial FC kernels not loaded: Horovod was initialised first "
-                        "(call mxnet_pfc.comm.init() instead of hvd.init()); using MXNet ops")
+                        "(call mxnet_pfc.runtime.comm.init() instead of hvd.init()); using MXNet ops")
         else:
             try:
                 mx.library.load(str(build()), verbose=False)

@@ -20,8 +20,8 @@ import warnings
 import mxnet as mx
 import numpy as np
 
-from . import comm
-from .partial_fc import PartialFC
+from mxnet_pfc.runtime import comm
+from mxnet_pfc.head.partial_fc import PartialFC
 
 log = logging.getLogger(__name__)
 

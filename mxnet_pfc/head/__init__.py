@@ -1,0 +1,9 @@
+"""The Partial FC head: what one training step of the classifier does (docs/DESIGN.md 1-4).
+
+partial_fc (the step and its three collectives), sampler (which centers a step
+uses, and the sizing arithmetic, without MXNet), exchange (the wire format of the
+collectives), memory_bank (the per-rank centers and their SGD), margin (the
+margin losses), kernels (the fused C++ operators and their MXNet fallback).
+It imports nothing from training, data or the supervisor; of the runtime only
+comm, errors and seeding.
+"""

@@ -1,0 +1,637 @@
+"""Training that outlives its machines: relaunch on the hosts that remain, grow back when they return.
+
+    python -m mxnet_pfc.elastic --host-discovery-script ./hosts.sh --min-np 1 --max-np 16 \\
+        --max-restarts 10 -- --dataset emore --network r100 --output runs/big
+
+The discovery script prints the usable hosts, one `host:slots` line each (a
+bare `host` gets --slots-per-host), as horovodrun's elastic mode expects. The
+supervisor launches the trainer with horovodrun on them (at most --max-np
+ranks) and watches:
+- the job ends with a lost rank or host (killed, crashed, unreachable): it
+  rediscovers and relaunches on the hosts available with `--resume latest`.
+  The centers are re-sharded onto the new number of ranks and the position is
+  kept in samples seen; the batch per rank stays, so the global batch and with
+  it the peak learning rate (linear rule, --lr_base_batch) follow the world size;
+- the script lists more slots than are running (a host came back or was
+  added): it asks the trainer to stop at its next checkpoint (the file
+  OUTPUT/elastic/stop-at-checkpoint) and relaunches on more ranks;
+- the job fails on an error of its own (bad input, a non-finite loss, a full
+  disk: a failure record in OUTPUT/logs): it stops, with the job's exit
+  status; the job ends normally (its own record OUTPUT/logs/finished.json):
+  it stops with exit 0.
+Killed and started again with the same command, it adopts the job it left
+running (OUTPUT/elastic/job.json names it; any other live holder of the
+trainer's run lock is watched through the lock) and acts when it ends as for
+its own job; a launch refused by the output lock is no lost rank.
+It gives up after --max-restarts relaunches after failures, or when fewer
+than --min-np slots are available for --wait-timeout seconds. Ctrl-C or
+SIGTERM is passed to the job, and no process of the job is left behind.
+
+Every change of the world is a line of OUTPUT/elastic-timeline.tsv (time,
+the newest checkpoint by what it holds, ranks, hosts, event) and of this command's
+log, beside the job's own output; the trainer records its world size and
+the samples trained in OUTPUT/metrics.jsonl.
+See docs/DESIGN.md section 6.5.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("mxnet_pfc.elastic")
+
+REPO = Path(__file__).resolve().parents[2]
+EXIT_GAVE_UP = 3            # this command's status when it stops relaunching
+
+
+# ------------------------------------------------------------------ the trainer's side
+def stop_request_path(output: str) -> str:
+    """The file whose presence asks a running trainer to stop after its next periodic checkpoint."""
+    return os.path.join(output, "elastic", "stop-at-checkpoint")
+
+
+def stopped_record_path(output: str) -> str:
+    """Where the trainer says that it stopped at a checkpoint on request (JSON: step, world size)."""
+    return os.path.join(output, "elastic", "stopped-at-checkpoint.json")
+
+
+def finished_record_path(output: str) -> str:
+    """The run's own word that it ended normally (rank 0 writes it last; a run clears it as it starts).
+    "Finished" is read from it, never inferred from an exit status or an absent failure record: a
+    supervisor that adopted a job cannot see the job's exit status."""
+    return os.path.join(output, "logs", "finished.json")
+
+
+LAUNCH_ENV = "MXNET_PFC_LAUNCH"     # the supervisor's id of a launch, in every rank's environment
+
+
+def launch_id() -> "str | None":
+    """This process's launch id (None when no supervisor launched it): the trainer puts it in its records,
+    so that a supervisor believes only the records of its own job, never an earlier run's or a bystander's."""
+    return os.environ.get(LAUNCH_ENV) or None
+
+
+def busy_record_path(output: str) -> str:
+    """Where a trainer refused by the output lock says so (JSON: the holder), for its supervisor: a
+    refusal is no lost rank, and the holder is the job to watch."""
+    return os.path.join(output, "elastic", "output-busy.json")
+
+
+def record_busy(output: str, message: str) -> None:
+    """Rank 0 refused by the output lock: say so to the supervisor that launched it (a run started by hand
+    has no supervisor to tell)."""
+    if launch_id() is not None and os.path.isdir(os.path.dirname(busy_record_path(output))):
+        try:
+            with open(busy_record_path(output), "w") as f:
+                json.dump({"refused": message, "launch": launch_id()}, f)
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------ hosts
+@dataclass(frozen=True)
+class Hosts:
+    """Discovered hosts and their slots, in the order the script listed them."""
+    slots: "tuple[tuple[str, int], ...]"
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.slots)
+
+    def assign(self, max_np: int) -> "tuple[tuple[str, int], ...]":
+        """The hosts and slots of a job of at most max_np ranks, filling hosts in listed order."""
+        taken, left = [], max_np
+        for host, n in self.slots:
+            if left <= 0:
+                break
+            taken.append((host, min(n, left)))
+            left -= min(n, left)
+        return tuple(taken)
+
+
+def parse_hosts(text: str, default_slots: int) -> Hosts:
+    """`host:slots` or `host` lines; blank lines and # comments are skipped. Raises ValueError."""
+    slots = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, _, count = line.partition(":")
+        try:
+            n = int(count) if count else default_slots
+        except ValueError:
+            raise ValueError(f"line {number}: {line!r} is not host:slots") from None
+        if not host or n < 0:
+            raise ValueError(f"line {number}: {line!r} is not host:slots")
+        slots[host] = n                       # a host listed twice: its last line counts
+    return Hosts(tuple((h, n) for h, n in slots.items() if n > 0))
+
+
+def discover(script: str, default_slots: int, timeout: float = 60.0) -> Hosts:
+    """Run the discovery script; raises RuntimeError naming what went wrong."""
+    try:
+        proc = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the host discovery script {script!r} did not finish in {timeout:g} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"the host discovery script {script!r} exited with status {proc.returncode}: "
+                           f"{proc.stderr.strip()[-500:]}")
+    try:
+        return parse_hosts(proc.stdout, default_slots)
+    except ValueError as error:
+        raise RuntimeError(f"the host discovery script {script!r} printed {error}") from None
+
+
+# ------------------------------------------------------------------ the job
+def _processes() -> "dict[int, tuple[int, str]]":
+    """{pid: (parent pid, start time)} of every process of this host."""
+    from mxnet_pfc.runtime.run_lock import process_stat
+    table = {}
+    for entry in os.listdir("/proc"):
+        stat = process_stat(int(entry)) if entry.isdigit() else None
+        if stat is not None:
+            table[int(entry)] = stat
+    return table
+
+
+def _launched_as(pid: int, launch: str) -> bool:
+    """Whether process `pid` was started with launch id `launch` (job.json may have been edited to name
+    another process, which a supervisor would then stop as its job)."""
+    try:
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    except OSError:
+        return False
+    return f"{LAUNCH_ENV}={launch}".encode() in environ
+
+
+def _alive(pid: int, started: str) -> bool:
+    """Whether process `pid` still runs and is the one that started at `started` (pids are reused)."""
+    from mxnet_pfc.runtime.run_lock import process_stat
+    stat = process_stat(pid)
+    return stat is not None and stat[1] == started
+
+
+class Job:
+    """One horovodrun launch of the trainer, in a session of its own: launched by this supervisor, or
+    adopted from one that is gone (then it is not our child: its exit status cannot be known, and its
+    end is read from its records).
+
+    horovodrun starts each local rank in a session of its own, and a rank whose
+    launcher died is handed to init, so the job's processes cannot be found from
+    horovodrun's pid at the end: `track` notes them (pid and start time) while
+    the job runs, and `stop` kills whichever of them are still there.
+    """
+
+    def __init__(self, pid: int, started: str, proc: "subprocess.Popen | None" = None):
+        self.pid, self.started, self.proc = pid, started, proc
+        self.known: "dict[int, str]" = {}
+        self.track()
+
+    @classmethod
+    def launch(cls, command: "list[str]", launch: str) -> "Job":
+        # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, LAUNCH_ENV: launch})
+        from mxnet_pfc.runtime.run_lock import process_stat
+        stat = process_stat(proc.pid)
+        return cls(proc.pid, stat[1] if stat else "", proc)
+
+    def track(self) -> None:
+        """Note every process now below horovodrun."""
+        table = _processes()
+        if self.pid not in table or table[self.pid][1] != self.started:
+            return
+        children = {}
+        for pid, (ppid, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        todo = [self.pid]
+        while todo:
+            pid = todo.pop()
+            if pid in table:
+                self.known.setdefault(pid, table[pid][1])
+            todo.extend(children.get(pid, []))
+
+    def running(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return _alive(self.pid, self.started)
+
+    def stop(self, signum: int = signal.SIGTERM, grace: float = 30.0) -> "int | None":
+        """Pass `signum` to horovodrun (it ends its ranks), then kill whatever is left after `grace` s.
+        Returns horovodrun's exit status (None for an adopted job)."""
+        if self.running():
+            self.track()
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+            deadline = time.time() + grace
+            while self.running() and time.time() < deadline:
+                time.sleep(0.1)
+        table = _processes()
+        for pid, started in self.known.items():
+            if pid in table and table[pid][1] == started:        # the same process, not a reused pid
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return self.proc.wait() if self.proc is not None else None
+
+
+class HeldOutput:
+    """A run of the output folder that no supervisor of this host launched (started by hand, or from
+    another host): watched through its output lock only, and never stopped by us."""
+
+    def __init__(self, output: str, holder):
+        self.output, self.holder = output, holder
+
+    def track(self) -> None:
+        pass
+
+    def running(self) -> bool:
+        from mxnet_pfc.runtime import run_lock
+        return run_lock.live_holder(self.output) == self.holder
+
+    def stop(self, signum: int = signal.SIGTERM, grace: float = 0.0) -> None:
+        return None
+
+
+def wait_for_lock(output: str, timeout: float) -> None:
+    """Until the output folder's run lock is free or its holder gone, at most `timeout` s: after a lost
+    rank, the job's rank 0 on a lost host holds it until it has not been refreshed for
+    run_lock.STALE_SECONDS (a launch refused meanwhile says so, and its holder is then adopted)."""
+    from mxnet_pfc.runtime import run_lock
+    deadline = time.time() + timeout
+    while time.time() < deadline and run_lock.holder_active(output):
+        time.sleep(1.0)
+
+
+def job_record_path(output: str) -> str:
+    """The supervisor's record of the job it launched (horovodrun's pid and start time, its ranks and
+    hosts): how a supervisor started after this one was killed finds the job's processes."""
+    return os.path.join(output, "elastic", "job.json")
+
+
+# ------------------------------------------------------------------ the supervisor
+def option_value(args: "list[str]", name: str) -> "str | None":
+    """The value of trainer option `name` (`--name V` or `--name=V`, the last one wins) in args."""
+    value = None
+    for k, arg in enumerate(args):
+        if arg == name and k + 1 < len(args):
+            value = args[k + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def without_option(args: "list[str]", name: str) -> "list[str]":
+    """args without `--name V` / `--name=V`."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
+def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
+    """The user's horovodrun options for a launch on `hosts`. When every host is this one (the others
+    were lost), --network-interface(s) is left out: horovodrun 0.28 then accepts only the loopback
+    interface ("No interface is found for address 127.0.0.1"), and local ranks talk over it anyway."""
+    options = shlex.split(horovodrun_args)
+    if not any(o.startswith("--network-interface") for o in options):      # also --network-interfaces
+        return options                  # nothing to decide (and no name lookups)
+    from horovod.runner.util.network import filter_local_addresses     # horovodrun's own test of "local"
+    if not filter_local_addresses(hosts):
+        for name in ("--network-interface", "--network-interfaces"):
+            options = without_option(options, name)
+    return options
+
+
+def job_failure(output: str, ranks: int) -> "str | None":
+    """A failure of the run's own (a failure record that is not a signal or a lost contact), or None:
+    a lost rank."""
+    from mxnet_pfc.runtime import stops           # the trainer's record format; imported late (stops imports MXNet)
+    return stops.first_failure(stops.read_records(os.path.join(output, "logs"), range(ranks)))
+
+
+def newest_checkpoint(output: str):
+    """The newest complete checkpoint of the output folder (checkpoint.Saved), or None."""
+    from mxnet_pfc.training import checkpoint
+    return checkpoint.latest(os.path.join(output, "checkpoints"))
+
+
+def held(output: str) -> str:
+    """The newest checkpoint named by what it holds, or '-': for the timeline and messages."""
+    saved = newest_checkpoint(output)
+    return "-" if saved is None else saved.describe()
+
+
+def _read_json(path: str) -> "dict | None":
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+class Supervisor:
+    def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str, start_over: bool,
+                 length: "list" = ()):
+        self.args, self.trainer_args, self.output = args, trainer_args, output
+        self.start_over = start_over
+        self.length = list(length)      # the run's length as asked for (max_update, num_epoch): see run()
+        # with --start_over, the earlier run's newest checkpoint: launches start afresh while it is in place (the
+        # trainer moves it aside as it starts; a job lost before that must not resume the earlier run)
+        self.earlier_run = getattr(newest_checkpoint(output), "path", None) if start_over else None
+        self.launch_id: "str | None" = None      # of the job watched now (None: a run started by hand)
+        self.timeline = os.path.join(output, "elastic-timeline.tsv")
+        self.restarts = 0
+        self.interrupted: "int | None" = None
+        os.makedirs(os.path.join(output, "elastic"), exist_ok=True)
+        os.makedirs(os.path.join(output, "logs"), exist_ok=True)
+
+    # -- records
+    def event(self, ranks: "int | None", hosts, what: str) -> None:
+        """One line of the timeline and of the log."""
+        newest = held(self.output)
+        hosts_text = ",".join(f"{h}:{n}" for h, n in hosts) or "-"
+        ranks_text = "?" if ranks is None else str(ranks)
+        new = not os.path.exists(self.timeline)
+        with open(self.timeline, "a") as f:
+            if new:
+                f.write("time\tcheckpoint\tranks\thosts\tevent\n")
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}\t{newest}\t{ranks_text}\t{hosts_text}\t{what}\n")
+        log.info(f"[newest checkpoint {newest}; {ranks_text} ranks on {hosts_text}] {what}")
+
+    # -- discovery
+    def hosts_now(self) -> Hosts:
+        try:
+            return discover(self.args.host_discovery_script, self.args.slots_per_host)
+        except RuntimeError as error:
+            log.warning(f"{error}; counting no hosts this time")
+            return Hosts(())
+
+    def wait_for_hosts(self) -> "Hosts | None":
+        """Hosts with at least --min-np slots, waiting up to --wait-timeout; None when they do not come."""
+        deadline = time.time() + self.args.wait_timeout
+        said = False
+        while self.interrupted is None:
+            hosts = self.hosts_now()
+            if hosts.total >= self.args.min_np:
+                return hosts
+            if time.time() >= deadline:
+                return None
+            if not said:
+                self.event(0, hosts.slots, f"waiting for at least {self.args.min_np} slots "
+                                           f"(have {hosts.total}; up to {self.args.wait_timeout:g} s)")
+                said = True
+            self.sleep(self.args.discovery_interval)
+        return None
+
+    def sleep(self, seconds: float) -> None:
+        end = time.time() + seconds
+        while self.interrupted is None and time.time() < end:
+            time.sleep(min(0.2, end - time.time()))
+
+    # -- launching and adopting
+    def command(self, assigned, resume: bool) -> "list[str]":
+        args = self.trainer_args
+        if resume:          # --start_over has done its work (or had none): this launch continues
+            args = without_option(without_option(args, "--resume"), "--start_over") + ["--resume", "latest"]
+        np_ = sum(n for _, n in assigned)
+        spec = ",".join(f"{h}:{n}" for h, n in assigned)
+        return [self.args.horovodrun, "--gloo", "-np", str(np_), "-H", spec,
+                *launcher_options(self.args.horovodrun_args, [h for h, _ in assigned]),
+                "bash", str(REPO / "config.sh"), "--", *args]
+
+    def launch(self, assigned, resume: bool) -> Job:
+        """Start the job and record it (job.json) for a supervisor that may have to adopt it."""
+        for path in (stop_request_path(self.output), stopped_record_path(self.output),
+                     busy_record_path(self.output)):
+            _remove(path)
+        self.launch_id = uuid.uuid4().hex
+        job = Job.launch(self.command(assigned, resume), self.launch_id)
+        from mxnet_pfc.runtime.files import write_json
+        from mxnet_pfc.runtime.run_lock import boot_id
+        write_json(job_record_path(self.output), dict(
+            pid=job.pid, started=job.started, host=socket.gethostname(), boot_id=boot_id(),
+            ranks=sum(n for _, n in assigned), hosts=[list(a) for a in assigned], launch=self.launch_id))
+        return job
+
+    def own_record(self, path: str) -> "dict | None":
+        """The record at `path` if the job watched now wrote it (its launch id; any for a run started by hand,
+        which cleared older records as it started): never an earlier run's."""
+        record = _read_json(path)
+        return record if record is not None and record.get("launch") == self.launch_id else None
+
+    def adopt(self) -> "tuple[Job | HeldOutput, int | None, tuple] | None":
+        """The live job of this output folder (its run lock held by a process that is not gone), or None.
+
+        A job launched by a supervisor of this host (job.json names its horovodrun,
+        still running) is adopted whole: its processes are tracked and stopped as
+        our own. Any other holder (a run started by hand, or from another host) is
+        watched through the lock until it lets go.
+        """
+        from mxnet_pfc.runtime import run_lock
+        from mxnet_pfc.runtime.run_lock import boot_id
+        holder = run_lock.live_holder(self.output)
+        record = _read_json(job_record_path(self.output)) or {}
+        ours = (record.get("host") == socket.gethostname() and record.get("boot_id") == boot_id()
+                and isinstance(record.get("pid"), int) and _alive(record["pid"], str(record.get("started")))
+                and _launched_as(record["pid"], str(record.get("launch"))))
+        if holder is None and not ours:
+            return None
+        _remove(busy_record_path(self.output))        # a refusal recorded before this job is no word of it
+        self.earlier_run = None          # the live job is this folder's run now: --start_over has been done
+        self.launch_id = record["launch"] if ours else None
+        if ours:
+            job = Job(record["pid"], str(record["started"]))
+            ranks, assigned = record.get("ranks"), tuple(tuple(a) for a in record.get("hosts", []))
+            self.event(ranks, assigned, f"adopted the running job (horovodrun pid {job.pid}"
+                                        + (f"; output held by {holder.describe()}" if holder else "")
+                                        + "): watching it")
+            return job, ranks, assigned
+        self.event(None, (), f"adopted the running job holding the output ({holder.describe()}): watching its "
+                             f"output lock until it ends")
+        return HeldOutput(self.output, holder), None, ()
+
+    def run(self) -> int:
+        resume = option_value(self.trainer_args, "--resume") is not None
+        reason = "start"
+        adopted = self.adopt()
+        finished = _read_json(finished_record_path(self.output))
+        if adopted is None and not self.start_over and finished is not None:
+            if finished.get("length") == self.length:
+                self.event(0, (), f"finished (the run's record {finished_record_path(self.output)}): nothing to "
+                                  f"launch")
+                return 0
+            reason = (f"the finished run asked to train to --max_update/--num_epoch {self.length}, "
+                      f"not {finished.get('length')}")
+        while True:
+            if adopted is not None:
+                job, np_, assigned = adopted
+            else:
+                hosts = self.wait_for_hosts()
+                if self.interrupted is not None:
+                    return 128 + self.interrupted
+                if hosts is None:
+                    self.event(0, (), f"gave up: fewer than --min-np {self.args.min_np} slots for "
+                                      f"{self.args.wait_timeout:g} s")
+                    return EXIT_GAVE_UP
+                assigned = hosts.assign(self.args.max_np)
+                np_ = sum(n for _, n in assigned)
+                fresh = self.earlier_run is not None and os.path.isdir(self.earlier_run)
+                resume = not fresh and (resume or newest_checkpoint(self.output) is not None)
+                self.event(np_, assigned, f"launch ({reason})" + (": --resume latest" if resume else ""))
+                job = self.launch(assigned, resume)
+            code = self.watch(job, np_, assigned)
+            adopted = None
+            if self.interrupted is not None:
+                left = " (not ours to stop: left running)" if isinstance(job, HeldOutput) else ""
+                self.event(np_, assigned, f"interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
+                return 128 + self.interrupted
+            status = "exit status unknown: adopted" if code is None else f"exit {code}"
+            stopped = _read_json(stopped_record_path(self.output))
+            if stopped is not None:
+                reason = f"grow: stopped at {held(self.output)} to take more ranks"
+                continue
+            if self.own_record(finished_record_path(self.output)) is not None:
+                self.event(np_, assigned, "finished")
+                return 0
+            busy = self.own_record(busy_record_path(self.output))
+            if busy is not None:
+                self.event(np_, assigned, f"the job was refused by the output lock ({busy.get('refused')}): "
+                                          f"not a lost rank; watching the run that holds it")
+                adopted = self.adopt()
+                if adopted is None:
+                    reason = "the run that held the output has ended"
+                continue
+            failure = job_failure(self.output, np_ or self.args.max_np)
+            if failure is not None or code == 2:
+                self.event(np_, assigned, f"failed on an error of its own ({status}): "
+                                          f"{failure or 'a configuration error'}; not relaunched")
+                return 1 if code is None else code
+            if self.restarts >= self.args.max_restarts:
+                self.event(np_, assigned, f"gave up: the job ended ({status}) without finishing and "
+                                          f"--max-restarts {self.args.max_restarts} relaunches are spent")
+                return EXIT_GAVE_UP
+            self.restarts += 1
+            reason = f"restart {self.restarts}/{self.args.max_restarts}: the job lost a rank or host ({status})"
+            wait_for_lock(self.output, timeout=120.0)
+
+    def watch(self, job: "Job | HeldOutput", np_: "int | None", assigned) -> "int | None":
+        """Until the job ends (or we are interrupted): ask it to grow when more slots appear. Returns
+        its exit status (None when adopted)."""
+        asked = np_ is None         # a job we know nothing of is not asked to grow
+        next_look = time.time() + self.args.discovery_interval
+        while job.running():
+            if self.interrupted is not None:
+                return job.stop(self.interrupted, grace=self.args.stop_grace)
+            if not asked and time.time() >= next_look:
+                next_look = time.time() + self.args.discovery_interval
+                available = min(self.hosts_now().total, self.args.max_np)
+                if available > np_:
+                    with open(stop_request_path(self.output), "w") as f:
+                        f.write(f"{available}\n")
+                    self.event(np_, assigned, f"{available} slots available: asked the job to stop at its "
+                                              f"next checkpoint to relaunch on them")
+                    asked = True
+            job.track()
+            time.sleep(0.5)
+        return job.stop(grace=0)            # ended: nothing of it may stay behind
+
+    def interrupt(self, signum, frame) -> None:
+        self.interrupted = signum
+
+
+def parse_args(argv=None) -> "tuple[argparse.Namespace, list[str]]":
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(prog="python -m mxnet_pfc.elastic", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="%(prog)s --host-discovery-script SCRIPT [options] -- [trainer options]")
+    p.add_argument("--host-discovery-script", required=True,
+                   help="command that prints the usable hosts, one 'host:slots' line each (horovodrun's format)")
+    p.add_argument("--slots-per-host", type=int, default=1,
+                   help="slots of a host listed without ':slots' (default 1)")
+    p.add_argument("--min-np", type=int, default=1, help="fewest ranks to train on (default 1)")
+    p.add_argument("--max-np", type=int, default=None,
+                   help="most ranks to train on (default: every slot listed at the first launch)")
+    p.add_argument("--max-restarts", type=int, default=10,
+                   help="relaunches after failures before giving up (growing does not count; default 10)")
+    p.add_argument("--wait-timeout", type=float, default=600.0,
+                   help="seconds to wait for --min-np slots before giving up (default 600)")
+    p.add_argument("--discovery-interval", type=float, default=10.0,
+                   help="seconds between runs of the discovery script while the job trains (default 10)")
+    p.add_argument("--stop-grace", type=float, default=30.0,
+                   help="seconds the job has to end after Ctrl-C or SIGTERM before it is killed (default 30)")
+    p.add_argument("--horovodrun", default=str(Path(sys.executable).with_name("horovodrun")),
+                   help="the horovodrun to launch with (default: the one beside this Python)")
+    p.add_argument("--horovodrun-args", default="",
+                   help="more horovodrun options, one string, e.g. '--network-interface eth0' (default none)")
+    args = p.parse_args(argv[:split])
+    for name in ("slots_per_host", "min_np", "max_restarts"):
+        if getattr(args, name) < (0 if name == "max_restarts" else 1):
+            p.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'max_restarts' else 1}")
+    if args.max_np is not None and args.max_np < args.min_np:
+        p.error(f"--max-np ({args.max_np}) is below --min-np ({args.min_np})")
+    return args, argv[split + 1:]
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s elastic: %(message)s", stream=sys.stderr)
+    args, trainer_args = parse_args(argv)
+    from mxnet_pfc.training import config as config_lib      # the trainer's own checks, before any host is used
+    try:
+        cfg = config_lib.parse_args(trainer_args)
+    except config_lib.ConfigError as error:
+        print(f"mxnet_pfc.elastic: configuration error: {error}", file=sys.stderr)
+        return 2
+    if not cfg.save_interval:
+        log.warning("--save_interval is 0: no periodic checkpoints, so a failure restarts from the beginning "
+                    "and the job cannot grow")
+    if args.max_np is None:
+        try:
+            args.max_np = max(discover(args.host_discovery_script, args.slots_per_host).total, args.min_np)
+        except RuntimeError as error:
+            print(f"mxnet_pfc.elastic: {error}", file=sys.stderr)
+            return 2
+    from mxnet_pfc.runtime import run_lock
+    try:       # one supervisor per output folder: two would relaunch over each other
+        lock = run_lock.acquire(os.path.join(cfg.output, "elastic"))
+    except run_lock.OutputBusyError as error:
+        print(f"mxnet_pfc.elastic: another supervisor runs on this output: {error}", file=sys.stderr)
+        return 2
+    if lock.took_over:
+        log.info(f"took over from a supervisor that is gone: {lock.took_over}")
+    try:
+        supervisor = Supervisor(args, trainer_args, cfg.output, cfg.start_over, [cfg.max_update, cfg.num_epoch])
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, supervisor.interrupt)
+        return supervisor.run()
+    finally:
+        lock.release()
+

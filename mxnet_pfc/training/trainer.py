@@ -1,0 +1,373 @@
+"""The trainer: python -m mxnet_pfc.train [--dataset D --network N --loss L --FIELD VALUE ...]
+
+One process per device; launch several with `horovodrun ... bash config.sh` or
+`bash run.sh`. Without a launcher it trains alone (world size 1).
+
+A run, top to bottom (`train`): take the output folder (run_lock.py); set up
+on every rank without collectives and agree that it worked (`prepare`); build
+the head and the module (their constructors run collectives); restore a
+checkpoint (resume.py); then `Trainer.run`: the steps, with progress logs
+(metrics.py), verification and checkpoints (checkpoint.py), and at the end
+the model for inference (export.py) and the final checkpoint. The run's
+length and learning rate are planned in run_plan.py and lr_schedule.py; how a
+failure on one rank reaches the others is in comm.py and stops.py.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import mxnet as mx
+from tqdm import tqdm
+
+import symbols
+
+from mxnet_pfc.training import checkpoint, output_folder
+from mxnet_pfc.runtime import comm, device, supervisor, logs, run_lock, seeding, stops, watchdog
+from mxnet_pfc.training import config as config_lib
+from mxnet_pfc.training import resume as resume_lib
+from mxnet_pfc.data import folders, synthetic
+from mxnet_pfc.data.iterators import DummyIter, FolderIter, RecordIter, steps_in_epoch
+from mxnet_pfc.eval.during_training import TrainingEvaluation
+from mxnet_pfc.models.export import export_model
+from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.models.inference import float32_params, inference_symbol
+from mxnet_pfc.training.lr_schedule import LRSchedule
+from mxnet_pfc.head.margin import CombinedMarginLoss
+from mxnet_pfc.training.metrics import MetricsLog, Throughput, format_duration, progress_line
+from mxnet_pfc.training.module import PartialFCModule
+from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
+from mxnet_pfc.training.run_plan import RunPlan, global_batch, make_plan, resolve_config
+
+log = logging.getLogger(logs.ROOT_LOGGER)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a rank prepares on its own before any collective: data, device, network, plan."""
+    cfg: config_lib.Config          # completed from the data (num_classes)
+    ctx: mx.Context
+    data: "RecordIter | FolderIter | DummyIter"
+    symbol: mx.sym.Symbol
+    evaluation: "TrainingEvaluation | None"     # rank 0's verification and IJB sets
+    plan: RunPlan
+    schedule: LRSchedule
+    resume: "resume_lib.Resume | None"
+
+
+def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
+    """This rank's setup, without collectives, so that every rank can agree on its success first."""
+    index = folders.load_index(cfg.images, cfg.output, write=rank == 0) if cfg.images else None
+    cfg = resolve_config(cfg, world, index)
+    if cfg.rec and cfg.synthetic_identities > 0:
+        synthetic.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
+                         cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs, comm.local_rank())
+    ctx = device.choose_context(cfg.context, comm.local_rank())
+    device.check_horovod_gpu(ctx, comm.is_distributed())
+    if cfg.fp16 and ctx.device_type != "gpu":
+        raise config_lib.ConfigError("fp16 = True needs a GPU context (MXNet has no fast float16 convolutions on CPU)")
+    image_shape = (cfg.image_size, cfg.image_size)
+    if cfg.rec:
+        data = RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
+                          image_size=image_shape, threads=cfg.decode_threads, micro_batches=cfg.grad_accum)
+        num_images = data.num_images
+    elif cfg.images:
+        data = FolderIter(index, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
+                          image_size=image_shape, threads=cfg.decode_threads, micro_batches=cfg.grad_accum)
+        num_images = data.num_images
+    else:
+        num_images = cfg.num_images
+        data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, image_shape,
+                         steps_per_epoch=steps_in_epoch(num_images, cfg.batch_size, world, cfg.grad_accum),
+                         micro_batches=cfg.grad_accum)
+    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
+    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world), num_images)
+              if cfg.resume else None)
+    plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
+    schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
+    evaluation = None
+    if rank == 0:
+        eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
+        evaluation = TrainingEvaluation(cfg.val_targets, cfg.ijb_targets, eval_symbol, ctx, cfg.val_batch_size,
+                                        cfg.image_size)
+    data.seek(resume.step if resume else 0)
+    return Setup(cfg, ctx, data, symbol, evaluation, plan, schedule, resume)
+
+
+def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
+    """The head and the module: their constructors run collectives (checks, broadcast)."""
+    margin = CombinedMarginLoss(cfg.margin_s, cfg.margin_m1, cfg.margin_m2, cfg.margin_m3)
+    head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx, lr=schedule(0),
+                     momentum=cfg.momentum, wd=cfg.weight_decay,
+                     interclass_filtering_threshold=cfg.interclass_filtering_threshold)
+    module = PartialFCModule(symbol, head, cfg.batch_size, ctx, cfg.momentum, cfg.weight_decay, cfg.fp16,
+                             cfg.image_size, cfg.grad_accum)
+    return head, module
+
+
+def claim_output(cfg: config_lib.Config, rank: int):
+    """(rank 0's hold on the output folder (None on other ranks), what was done with an earlier run there),
+    agreed on by every rank.
+
+    Runs before any rank writes into the folder (its logs included): a second
+    run into a folder in use, or a fresh run into a folder holding another run's
+    checkpoints, is refused here, on every rank, having written nothing.
+    """
+    lock, note = None, ""
+    output = cfg.output
+    try:
+        with comm.fail_together("starting the run"):
+            if rank == 0:
+                try:
+                    lock = run_lock.acquire(output)
+                except run_lock.OutputBusyError as error:
+                    supervisor.record_busy(output, str(error))     # a refusal, not a lost rank, to a supervisor
+                    raise
+                note = output_folder.prepare(output, cfg.resume, cfg.start_over)
+                os.makedirs(os.path.join(output, "logs"), exist_ok=True)
+                stops.clear_records(os.path.join(output, "logs"))
+                if os.path.exists(supervisor.finished_record_path(output)):        # an earlier run's word
+                    os.remove(supervisor.finished_record_path(output))
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock, note
+
+
+def train(cfg: config_lib.Config) -> dict:
+    """Run the configured training on this rank; returns rank 0's final figures (others: {})."""
+    comm.init()
+    rank, world = comm.rank(), comm.size()
+    lock, earlier_run = claim_output(cfg, rank)
+    try:
+        log_path = logs.setup(cfg.output, rank)
+        stops.start(os.path.join(cfg.output, "logs"))
+        watchdog.start(os.path.join(cfg.output, "logs"), cfg.stall_timeout)
+        if rank == 0 and lock.took_over:
+            log.info(f"took over the output folder from a run that is gone ({lock.took_over})")
+        if earlier_run:
+            log.info(earlier_run)
+        with comm.fail_together("setup"), watchdog.working("setup"):
+            setup = prepare(cfg, rank, world)
+        cfg, plan, resume = setup.cfg, setup.plan, setup.resume
+        with comm.fail_together("writing config.json"):
+            if rank == 0:
+                config_lib.save(cfg, os.path.join(cfg.output, "config.json"))
+                log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {cfg.output}/config.json):\n"
+                         + config_lib.describe(cfg))
+        start_step = resume.step if resume is not None else 0
+        seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
+        head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol)
+        log.info(f"{head}; log file {log_path}")
+        if resume is not None:
+            with comm.fail_together("resuming"), watchdog.working("resuming"):
+                resume_lib.restore(resume, module, head.bank)
+            log.info(resume_lib.describe(resume))
+            if plan.length_note:
+                log.info(plan.length_note)
+        seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
+        if rank == 0:
+            log.info(plan.describe(cfg.batch_size, world, cfg.grad_accum, cfg.lr_schedule))
+        return Trainer(setup, head, module, rank, world, start_step).run()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+class Trainer:
+    """One rank's run once everything is built: the loop, verification, checkpoints, the end."""
+
+    def __init__(self, setup: Setup, head: PartialFC, module: PartialFCModule, rank: int, world: int,
+                 start_step: int):
+        self.setup, self.cfg, self.plan = setup, setup.cfg, setup.plan
+        self.head, self.module, self.rank, self.world = head, module, rank, world
+        self.best = dict(setup.resume.state.get("best", {})) if setup.resume else {}
+        self.metrics = None
+        self.start_step = start_step        # the first step this run trains is start_step + 1
+        self.samples_at_start = 0 if setup.resume is None else checkpoint.samples_seen(setup.resume.state)
+
+    def samples_seen(self, step: int) -> int:
+        """Samples trained when `step` (this run's numbering) is done, over every run resumed into this
+        one: the axis that stays monotonic when the world size, and with it the step size, changes."""
+        return self.samples_at_start + (step - self.start_step) * self.plan.global_batch
+
+    def run(self) -> dict:
+        """Train from start_step to the plan's end; returns rank 0's final figures (others: {})."""
+        cfg, plan, data, schedule = self.cfg, self.plan, self.setup.data, self.setup.schedule
+        resume, start_step = self.setup.resume, self.start_step
+        with comm.fail_together("opening the metrics"):
+            if self.rank == 0:
+                self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step,
+                                          resume.state["step"] if resume else None, samples_of=self.samples_seen,
+                                          saved_samples=self.samples_at_start if resume else None)
+        progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
+                        mininterval=5, file=sys.stderr, dynamic_ncols=True)
+        window = Throughput(plan.global_batch // self.world, self.world)
+        loss, started, step = float("nan"), time.time(), start_step
+        try:
+            if cfg.val_at_start and start_step == 0:
+                with comm.fail_together("verification"):
+                    self.verify(0)
+            for step in range(start_step, plan.max_update):
+                fetch_started = time.time()
+                batch = next(data)            # waits only when decoding falls behind
+                window.waited_for_data(time.time() - fetch_started)
+                lr = schedule(step)
+                try:
+                    loss = self.module.step(batch.data, batch.labels, lr, window.timing_next_step())
+                except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
+                    raise type(error)(f"step {step + 1}: {error}") from None
+                window.step_done()
+                watchdog.progress()
+                progress.update(1)
+                done = step + 1
+                if done % cfg.frequent == 0 or done == plan.max_update:
+                    self.log_progress(done, batch.epoch, loss, lr, window.close_window(plan.max_update - done))
+                paused = time.time()
+                if done % cfg.verbose == 0 and done != plan.max_update:
+                    with comm.fail_together("verification"):        # rank 0's work, agreed on
+                        self.verify(done)
+                if cfg.save_interval and done % cfg.save_interval == 0 and done != plan.max_update:
+                    saved = self.save_checkpoint(done)
+                    seeding.seed_generators(cfg.seed, self.rank, done)    # what a run resumed from here will do
+                    if self.stop_requested():
+                        progress.close()
+                        return self.stop_at_checkpoint(done, saved)
+                window.exclude(time.time() - paused)     # throughput leaves out evaluation and saving
+            progress.close()
+            return self.finish(loss, started)
+        except Exception as error:
+            if comm.lost_peer(error):
+                raise comm.LostRankError(f"step {step + 1}: {comm.lost_peer_message()}") from None
+            raise
+        finally:
+            data.close()
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def stop_requested(self) -> bool:
+        """Whether the elastic supervisor asked this run to stop at this checkpoint (rank 0 looks, every
+        rank follows: a collective)."""
+        asked = self.rank == 0 and os.path.exists(supervisor.stop_request_path(self.cfg.output))
+        return comm.gather_rows([float(asked)])[0][0] > 0
+
+    def stop_at_checkpoint(self, step: int, saved: str) -> dict:
+        """End the run after the checkpoint `saved` of `step`, saying so to the supervisor (which relaunches)."""
+        if self.rank == 0:
+            write_json(supervisor.stopped_record_path(self.cfg.output), {"step": step, "world_size": self.world})
+            os.remove(supervisor.stop_request_path(self.cfg.output))
+            log.info(f"stopped at checkpoint {saved} ({self.samples_seen(step):,} samples seen, step {step} on "
+                     f"{self.world} rank(s)) on the elastic supervisor's request (it relaunches on more ranks "
+                     f"with --resume latest)")
+        comm.barrier()
+        return {}
+
+    def log_progress(self, done: int, epoch: int, loss: float, lr: float, figures: dict) -> None:
+        """Rank 0: the progress line and its metrics record."""
+        if self.rank != 0:
+            return
+        log.info(progress_line(done, self.plan.max_update, self.cfg.grad_accum, epoch, loss, lr, figures))
+        self.metrics.write(done, epoch=epoch, loss=loss, lr=lr, world_size=self.world,
+                           samples_per_sec_per_rank=figures["samples_per_sec_per_rank"],
+                           samples_per_sec=figures["samples_per_sec"],
+                           data_wait_fraction=figures["data_wait_fraction"],
+                           **{f"phase/{name}": share for name, share in figures["phases"].items()})
+
+    def verify(self, step: int, params=None) -> dict:
+        """Rank 0: the verification report of `params` (default: rank 0's current backbone).
+
+        .bin sets: accuracy and the best so far (kept in checkpoints); IJB sets: their headline figures.
+        """
+        if not self.setup.evaluation:
+            return {}
+        with watchdog.working("verification"):
+            return self.setup.evaluation.evaluate(step, params or self.module.get_params(), self.metrics, self.best)
+
+    def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
+        """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""
+        cfg, plan = self.cfg, self.plan
+        state = dict(network=cfg.network, epoch=step // plan.steps_per_epoch,
+                     steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
+                     max_update=plan.max_update, samples_seen=self.samples_seen(step), num_images=plan.num_images,
+                     next_lr=self.setup.schedule(step), seed=cfg.seed, best=self.best,
+                     data=dict(epoch=step // plan.steps_per_epoch, step_in_epoch=step % plan.steps_per_epoch),
+                     config=cfg.to_dict())
+        with watchdog.working("checkpoint"):
+            return checkpoint.save(os.path.join(cfg.output, "checkpoints"), step, module=self.module,
+                                   bank=self.head.bank, symbol=self.setup.symbol, state=state,
+                                   keep=cfg.keep_checkpoints, backbone=backbone)
+
+    def export(self, backbone: checkpoint.BackboneSnapshot) -> "tuple[str, dict]":
+        """Rank 0: the model for inference (embedding only, rank-averaged parameters) and its verification.
+
+        The final verification measures exactly the exported file's parameters,
+        so its figures and thresholds describe that file.
+        """
+        cfg = self.cfg
+        prefix = os.path.join(cfg.output, "model")
+        symbol = inference_symbol(cfg.network, cfg.embedding_size)
+        params = float32_params(symbol, backbone.average_arg, backbone.average_aux, "the rank-averaged backbone")
+        export_model(prefix, symbol, *params)
+        results = self.verify(self.plan.max_update, params)
+        write_json(prefix + "-verification.json", results)
+        return prefix, results
+
+    def finish(self, loss: float, started: float) -> dict:
+        """The model for inference and its verification, then the final checkpoint (holding the final best).
+
+        A failed export still leaves the final checkpoint (its centers exist nowhere
+        else), then stops the run with the export's error.
+        """
+        backbone = checkpoint.take_snapshot(self.module)       # collective
+        prefix, results, export_error = None, {}, None
+        try:
+            with comm.fail_together("exporting the model"):
+                if self.rank == 0:
+                    prefix, results = self.export(backbone)
+        except Exception as error:      # raised on every rank alike
+            if comm.lost_peer(error):
+                raise
+            export_error = error
+        last = self.save_checkpoint(self.plan.max_update, backbone)   # prepare() refused a run with nothing to train
+        if export_error is not None:
+            log.error(f"the final checkpoint {last} is written; the model for inference is not")
+            raise export_error
+        summary = {}
+        if self.rank == 0:
+            steps = self.plan.max_update
+            summary = dict(steps=steps, final_loss=loss, seconds=round(time.time() - started, 1),
+                           verification=results, best=self.best)
+            self.metrics.write(steps, summary=summary)
+            accuracies = ", ".join(f"{name} {r['accuracy']:.4f}" for name, r in results.items()
+                                   if "accuracy" in r) or "no .bin sets"
+            log.info(f"done: {steps} steps in {format_duration(time.time() - started)}, "
+                     f"final loss {loss:.4f}, verification of the exported model: {accuracies}; checkpoint {last}; "
+                     f"model for inference: {prefix}-symbol.json + {prefix}-0000.params")
+        mx.nd.waitall()
+        comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 writes
+        if self.rank == 0:      # the run's own word that it ended normally, for a supervisor (runtime/supervisor.py)
+            write_json(supervisor.finished_record_path(self.cfg.output),
+                       dict(steps=self.plan.max_update, samples_seen=self.samples_seen(self.plan.max_update),
+                            world_size=self.world, checkpoint=last, launch=supervisor.launch_id(),
+                            length=[self.cfg.max_update, self.cfg.num_epoch]))
+        return summary
+
+
+def main(argv=None) -> int:
+    try:
+        cfg = config_lib.parse_args(argv)
+    except config_lib.ConfigError as error:
+        print(f"mxnet_pfc.train: configuration error: {error}", file=sys.stderr)
+        return 2
+    stops.watch_signals()
+    try:
+        train(cfg)
+        comm.shutdown()
+    except Exception as error:
+        return stops.stop_on_error(error)
+    return 0
+
