@@ -124,7 +124,9 @@ def test_python_example_runs(block, tmp_path):
     script = tmp_path / "example.py"
     script.write_text(block.text + "\n")
     out = run_command([sys.executable, script], timeout=600)
-    assert out.returncode == 0, f"{block.where}: the example fails (exit {out.returncode}):\n{out.stdout[-3000:]}"
+    failed_at = re.findall(rf'File "{re.escape(str(script))}", line (\d+)', out.stdout)
+    where = f"{block.doc.relative_to(REPO)}:{block.line + int(failed_at[-1])}" if failed_at else block.where
+    assert out.returncode == 0, f"{where}: the example fails (exit {out.returncode}):\n{out.stdout[-3000:]}"
 
 
 # ---- shell blocks
@@ -187,7 +189,7 @@ def parse_error(module: str, args: "list[str]") -> "str | None":
             except config_lib.ConfigError as error:
                 return str(error)
             except SystemExit as stop:
-                return None if stop.code == 0 else err.getvalue().strip()
+                return None if stop.code == 0 else err.getvalue().strip().split("\n")[-1]
         return None
     if module == "mxnet_pfc.elastic" and "--" in args:
         split = args.index("--")
@@ -206,7 +208,7 @@ def parse_error(module: str, args: "list[str]") -> "str | None":
         except _Parsed:
             return None
         except SystemExit as stop:
-            return None if stop.code == 0 else err.getvalue().strip()
+            return None if stop.code == 0 else err.getvalue().strip().split("\n")[-1]
     return f"{module}.main returned without parsing its arguments"
 
 
