@@ -17,15 +17,9 @@ A synthetic set is generated only when synthetic_identities > 0 (the default
 preset's own set, or asked for by name), and only into a folder that is empty
 or that the generator made.
 
-Batch and learning rate. batch_size is per rank; every step trains on the
-global batch N = batch_size x world_size. The head's loss is the mean over those
-N samples and its gradient is exact for it, so the backbone gradients of the
-ranks are summed (Horovod averages, so the optimizer rescales by world_size):
-one step is one SGD step of a single model on N samples. `lr` is the learning
-rate for a global batch of `lr_base_batch` samples and scales linearly:
-effective lr = lr x N / lr_base_batch (at N = 512 and lr = 0.1: 0.1).
-Schedules count steps of N samples; epochs convert with
-steps_per_epoch = num_images // N.
+Batch and learning rate: batch_size is per rank, `lr` is stated for a global
+batch of lr_base_batch samples and scales linearly to the real one
+(docs/DESIGN.md 4.1; why one step is one SGD step on the global batch: 4.2).
 """
 from __future__ import annotations
 
@@ -43,18 +37,20 @@ from mxnet_pfc.runtime.files import write_json
 
 @dataclass(frozen=True)
 class Config:
+    """The run's settings; FIELD_HELP (what --help prints) says what each field means."""
+
     # ---- data
     dataset: str = "synthetic"
-    rec: str = ""                      # train.rec of a RecordIO set; "" = dummy data (speed runs)
-    images: str = ""                   # ROOT of an image folder ROOT/<identity>/<image> (instead of rec)
-    num_classes: int = 0               # 0: read from the set (its `property` file or header record)
-    num_images: int = 0                # images per epoch of the dummy iterator; read from the .rec otherwise
-    val_targets: tuple = ()            # verification .bin files; ("auto",): every *.bin beside your set
-    ijb_targets: tuple = ()            # IJB-layout sets verified with them: ROOT or ROOT:IJBB
+    rec: str = ""
+    images: str = ""
+    num_classes: int = 0
+    num_images: int = 0
+    val_targets: tuple = ()
+    ijb_targets: tuple = ()
     image_size: int = 112
-    synthetic_identities: int = 0      # > 0: generate a synthetic set at `rec` (in a folder of its own) if missing
+    synthetic_identities: int = 0
     synthetic_images_per_identity: int = 20
-    synthetic_val_pairs: int = 1000    # held-out pairs in the generated val.bin
+    synthetic_val_pairs: int = 1000
     decode_threads: int = 2
     # ---- backbone
     network: str = "r50"
@@ -62,41 +58,41 @@ class Config:
     dropout: float = 0.0
     fp16: bool = False
     # ---- head
-    loss: str = "arcface"              # its margins below, from margin.PRESETS
+    loss: str = "arcface"
     margin_s: float = margin.PRESETS["arcface"]["s"]
     margin_m1: float = margin.PRESETS["arcface"]["m1"]
     margin_m2: float = margin.PRESETS["arcface"]["m2"]
     margin_m3: float = margin.PRESETS["arcface"]["m3"]
     sample_rate: float = 1.0
-    interclass_filtering_threshold: float = 0.0   # Partial FC v2; 0: off
+    interclass_filtering_threshold: float = 0.0
     # ---- optimisation (both optimizers)
-    batch_size: int = 128              # per rank, per micro-batch
-    grad_accum: int = 1                # micro-batches per optimizer step
-    lr: float = 0.1                    # for a global batch of lr_base_batch
+    batch_size: int = 128
+    grad_accum: int = 1
+    lr: float = 0.1
     lr_base_batch: int = 512
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    lr_schedule: str = "multistep"     # multistep | poly
+    lr_schedule: str = "multistep"
     num_epoch: float = 20.0
-    decay_epochs: tuple = (10.0, 16.0, 18.0)   # multistep: lr x lr_factor at each
+    decay_epochs: tuple = (10.0, 16.0, 18.0)
     lr_factor: float = 0.1
     warmup_epochs: float = 0.0
     poly_power: float = 2.0
-    max_update: int = 0                # > 0 overrides num_epoch
+    max_update: int = 0
     # ---- run
-    output: str = ""                   # default: output/DATASET_NETWORK_LOSS
-    context: str = "auto"              # auto (GPU local_rank if any) | cpu | gpu
+    output: str = ""
+    context: str = "auto"
     seed: int = 0
-    frequent: int = 50                 # log every this many steps
-    verbose: int = 2000                # verification every this many steps (and at the end)
+    frequent: int = 50
+    verbose: int = 2000
     val_batch_size: int = 64
     tensorboard: bool = True
-    val_at_start: bool = False         # also verify the initial model (a baseline)
-    save_interval: int = 2000          # checkpoint every this many steps (and at the end); 0: only at the end
-    keep_checkpoints: int = 3          # the newest this many are kept in OUTPUT/checkpoints
-    stall_timeout: float = 1200.0      # seconds a rank may make no progress before the job stops (watchdog.py); 0: off
-    resume: str = ""                   # latest | a step | a checkpoint folder: continue that run
-    start_over: bool = False           # an --output holding a run: move it to OUTPUT/earlier-runs/ and start afresh
+    val_at_start: bool = False
+    save_interval: int = 2000
+    keep_checkpoints: int = 3
+    stall_timeout: float = 1200.0      # enforced by runtime/watchdog.py
+    resume: str = ""
+    start_over: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -160,7 +156,8 @@ FIELD_HELP = {
                    "comma-separated: ROOT (read as IJBC) or ROOT:IJBB; logs exact TAR at FAR 1e-4 and 1e-3 and "
                    "the 1:N mean top-1 (python -m mxnet_pfc.ijb gives the whole report).",
     "image_size": "Side of the square aligned face crops, in pixels (the backbones take 112).",
-    "synthetic_identities": "Identities of a synthetic set generated at --rec if missing; 0 generates nothing.",
+    "synthetic_identities": "Identities of a synthetic set generated at --rec if missing (only into a folder that "
+                            "is empty or that the generator made); 0 generates nothing.",
     "synthetic_images_per_identity": "Images per identity of a generated synthetic set.",
     "synthetic_val_pairs": "Verification pairs in the generated val.bin (identities never seen in training).",
     "decode_threads": "Threads per rank that read and decode images, a few batches ahead.",
