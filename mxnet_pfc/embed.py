@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mxnet_pfc.data.faces import ImageError, WrongSize, decode_face, read_file
-from mxnet_pfc.data.pack import IMAGE_SUFFIXES, list_identities
+from mxnet_pfc.data.folders import IMAGE_SUFFIXES, list_identities
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.eval.verification import embed_pairs

@@ -16,8 +16,7 @@ from mxnet_pfc.data import folders, synthetic
 from mxnet_pfc.data.faces import ImageError, decode_face
 from mxnet_pfc.data.iterators import FolderIter, RecordIter, epoch_order
 from mxnet_pfc.data.pack import pack
-from mxnet_pfc.data.records import DataError, RecordWriter, read_property
-from mxnet_pfc.head.exchange import FLOAT32_EXACT_INT
+from mxnet_pfc.data.records import MAX_CLASSES, DataError, RecordWriter, read_property
 from mxnet_pfc.training.run_plan import resolve_config
 from test_damaged_images import damaged
 
@@ -149,10 +148,10 @@ def test_verification_sets_beside_the_set_are_found(tmp_path, caplog):
 def test_labels_beyond_float32_are_refused(tmp_path):
     writer = RecordWriter(str(tmp_path / "w"), 1, 1)
     with pytest.raises(DataError, match="class id 16,777,217: RecordIO labels are float32.*2\\^24"):
-        writer.add(FLOAT32_EXACT_INT + 1, b"")
+        writer.add(MAX_CLASSES + 1, b"")
     with pytest.raises(DataError, match="2\\^24"):
-        RecordWriter(str(tmp_path / "w2"), 1, FLOAT32_EXACT_INT + 1)
-    (tmp_path / "property").write_text(f"{FLOAT32_EXACT_INT + 1},112,112\n")
+        RecordWriter(str(tmp_path / "w2"), 1, MAX_CLASSES + 1)
+    (tmp_path / "property").write_text(f"{MAX_CLASSES + 1},112,112\n")
     with pytest.raises(DataError, match=f"{tmp_path / 'property'}: states 16,777,217 identities.*float32"):
         read_property(str(tmp_path))
 

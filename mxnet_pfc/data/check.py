@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.data.iterators import count_classes
-from mxnet_pfc.data.records import DataError, decode_image_record, open_records, read_record
+from mxnet_pfc.data.records import DataError, check_identity_count, decode_image_record, open_records, read_record
 
 
 def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]", threads: int = 4,
@@ -30,9 +30,10 @@ def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]"
     reader, records = open_records(rec_path)
     keys = [int(k) for k in records.image_records]
     problems = []
-    if records.num_identities is not None and records.num_identities > num_classes:
-        problems.append(f"{rec_path}: the header lists {records.num_identities} identities, "
-                        f"more than the {num_classes} classes")
+    try:
+        check_identity_count(records, num_classes)
+    except DataError as error:
+        problems.append(str(error))
 
     # One reader: reads stay in order on this thread; decoding (it releases the GIL) runs in the pool.
     with ThreadPoolExecutor(max_workers=threads) as pool:

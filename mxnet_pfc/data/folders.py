@@ -33,12 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mxnet_pfc.data.faces import ImageError, inside, printable, read_file
-from mxnet_pfc.data.pack import IMAGE_SUFFIXES, list_identities
+from mxnet_pfc.data.faces import ImageError, file_kind, inside, printable, read_file
 from mxnet_pfc.data.records import DataError
+from mxnet_pfc.runtime.files import write_json
 
 log = logging.getLogger(__name__)
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 INDEX_NAME = "images-index.json"
 INDEX_VERSION = 1
 
@@ -71,6 +72,50 @@ class FolderIndex:
             return read_file(path, within=self.real_root), float(self.labels[i]), printable(path)
         except ImageError as error:
             raise DataError(str(error)) from None
+
+
+def list_identities(root: str) -> "list[tuple[str, list[str]]]":
+    """[(identity folder name, sorted image paths)] for every sub-folder with images.
+
+    Only what lies under ROOT is read: a symlink (folder or image) is followed only when it
+    resolves inside ROOT, and an image name must be a regular file (not a FIFO, a device or a
+    folder). Entries left out are counted and named in a warning.
+    """
+    if not os.path.isdir(root):
+        raise DataError(f"{root}: not a folder")
+    real_root = os.path.realpath(root)
+    identities, skipped = [], []
+    for entry in sorted_entries(root):
+        if not entry.is_dir():
+            continue                       # a file beside the identity folders (lfw.bin ...)
+        if entry.is_symlink() and not inside(real_root, entry.path):
+            skipped.append(f"{printable(entry.path)} (a symlink to {printable(os.path.realpath(entry.path))}, "
+                           f"outside {printable(root)})")
+            continue
+        images = []
+        for image in sorted_entries(entry.path):
+            if not image.name.lower().endswith(IMAGE_SUFFIXES):
+                continue
+            if image.is_symlink() and not inside(real_root, image.path):
+                skipped.append(f"{printable(image.path)} (a symlink to {printable(os.path.realpath(image.path))}, "
+                               f"outside {printable(root)})")
+            elif not image.is_file():
+                skipped.append(f"{printable(image.path)} ({file_kind(image.path)})")
+            else:
+                images.append(image.path)
+        if images:
+            identities.append((entry.name, images))
+    if skipped:
+        log.warning(f"{printable(root)}: skipped {len(skipped)} entries that are not image files under it: "
+                    + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+    if not identities:
+        raise DataError(f"{root}: no identity sub-folders with images ({', '.join(IMAGE_SUFFIXES)})")
+    return identities
+
+
+def sorted_entries(folder: str) -> "list[os.DirEntry]":
+    with os.scandir(folder) as entries:
+        return sorted(entries, key=lambda entry: entry.name)
 
 
 def identity_folders(root: str) -> "list[tuple[str, int, bool]]":
@@ -158,9 +203,6 @@ def load_index(root: str, output: str, write: bool) -> FolderIndex:
         for relative, label in zip(index.paths, index.labels):
             files[label].append(os.path.basename(relative))
         os.makedirs(output, exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump({"version": INDEX_VERSION, "root": root, "fingerprint": current, "suffixes": IMAGE_SUFFIXES,
-                       "identities": index.identities, "files": files}, f)
-        os.replace(tmp, path)
+        write_json(path, {"version": INDEX_VERSION, "root": root, "fingerprint": current, "suffixes": IMAGE_SUFFIXES,
+                          "identities": index.identities, "files": files}, indent=None)
     return index

@@ -16,8 +16,8 @@ from typing import NamedTuple
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.data.faces import ImageError, decode_face
-from mxnet_pfc.data.records import DataError, open_records, read_property, read_record, unpack_image_record
+from mxnet_pfc.data.records import (DataError, check_identity_count, decode_item, open_records, read_property,
+                                    read_record, unpack_image_record)
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +119,7 @@ class ShardedIter:
 
     def _load(self, args) -> "tuple[np.ndarray, float]":
         position, mirror = args
-        payload, label, where = self.source.read(int(position))
-        if not (0 <= label < self.num_classes and label == int(label)):
-            raise DataError(f"{where} has label {label}, outside the classes [0, {self.num_classes})")
-        try:
-            image = decode_face(payload, where, self.image_size)
-        except ImageError as error:
-            raise DataError(str(error)) from None
+        image, label = decode_item(*self.source.read(int(position)), self.num_classes, self.image_size)
         return (image[:, ::-1] if mirror else image), label        # already RGB; the mirror is a view
 
     def _produce(self, epoch: int, skip: int) -> None:
@@ -202,9 +196,7 @@ class RecordIter(ShardedIter):
     def __init__(self, rec_path: str, batch_size: int, num_classes: int, *args, **options):
         source = RecordSource(rec_path)
         self.reader, self.records = source.reader, source.records
-        if self.records.num_identities is not None and self.records.num_identities > num_classes:
-            raise DataError(f"{rec_path}: the header lists {self.records.num_identities} identities, "
-                            f"more than num_classes = {num_classes}")
+        check_identity_count(self.records, num_classes)
         super().__init__(source, batch_size, num_classes, *args, **options)
 
 

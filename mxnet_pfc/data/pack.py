@@ -30,58 +30,14 @@ import cv2
 from tqdm import tqdm
 
 from mxnet_pfc.runtime.errors import PfcError
-from mxnet_pfc.data.faces import ImageError, WrongSize, decode_image, file_kind, fit_size, inside, printable, read_file
+from mxnet_pfc.data.faces import ImageError, WrongSize, decode_image, fit_size, read_file
+from mxnet_pfc.data.folders import list_identities
 from mxnet_pfc.data.records import DataError, RecordWriter
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 LOCK_NAME = ".pack.lock"
 WRITTEN = ("train.rec", "train.idx", "property", "identities.txt")
-
-
-def list_identities(root: str) -> "list[tuple[str, list[str]]]":
-    """[(identity folder name, sorted image paths)] for every sub-folder with images.
-
-    Only what lies under ROOT is read: a symlink (folder or image) is followed only when it
-    resolves inside ROOT, and an image name must be a regular file (not a FIFO, a device or a
-    folder). Entries left out are counted and named in a warning.
-    """
-    if not os.path.isdir(root):
-        raise DataError(f"{root}: not a folder")
-    real_root = os.path.realpath(root)
-    identities, skipped = [], []
-    for entry in sorted_entries(root):
-        if not entry.is_dir():
-            continue                       # a file beside the identity folders (lfw.bin ...)
-        if entry.is_symlink() and not inside(real_root, entry.path):
-            skipped.append(f"{printable(entry.path)} (a symlink to {printable(os.path.realpath(entry.path))}, "
-                           f"outside {printable(root)})")
-            continue
-        images = []
-        for image in sorted_entries(entry.path):
-            if not image.name.lower().endswith(IMAGE_SUFFIXES):
-                continue
-            if image.is_symlink() and not inside(real_root, image.path):
-                skipped.append(f"{printable(image.path)} (a symlink to {printable(os.path.realpath(image.path))}, "
-                               f"outside {printable(root)})")
-            elif not image.is_file():
-                skipped.append(f"{printable(image.path)} ({file_kind(image.path)})")
-            else:
-                images.append(image.path)
-        if images:
-            identities.append((entry.name, images))
-    if skipped:
-        log.warning(f"{printable(root)}: skipped {len(skipped)} entries that are not image files under it: "
-                    + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
-    if not identities:
-        raise DataError(f"{root}: no identity sub-folders with images ({', '.join(IMAGE_SUFFIXES)})")
-    return identities
-
-
-def sorted_entries(folder: str) -> "list[os.DirEntry]":
-    with os.scandir(folder) as entries:
-        return sorted(entries, key=lambda entry: entry.name)
 
 
 class FolderBusy(PfcError, RuntimeError):

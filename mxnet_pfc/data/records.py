@@ -15,8 +15,11 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc.runtime.errors import PfcError
-from mxnet_pfc.head.exchange import FLOAT32_EXACT_INT
-from mxnet_pfc.data.faces import DamagedJPEG, ImageError, decode_face  # noqa: F401 (DamagedJPEG: its old home)
+from mxnet_pfc.data.faces import ImageError, decode_face
+
+
+# RecordIO labels are float32, which names every integer up to 2^24 exactly (not beyond): class ids 0 .. MAX_CLASSES - 1
+MAX_CLASSES = 2 ** (np.finfo(np.float32).nmant + 1)
 
 
 class DataError(PfcError, ValueError):
@@ -45,9 +48,9 @@ def read_property(folder: str) -> "tuple[int, int, int]":
 
 def check_class_count(num_classes: int, source: str) -> None:
     """Refuse more classes than float32 labels can name exactly (RecordIO labels are float32)."""
-    if num_classes > FLOAT32_EXACT_INT:
+    if num_classes > MAX_CLASSES:
         raise DataError(f"{source}: states {num_classes:,} identities, but RecordIO labels are float32 and "
-                        f"name class ids exactly only up to 2^24 = {FLOAT32_EXACT_INT:,}: this set cannot "
+                        f"name class ids exactly only up to 2^24 = {MAX_CLASSES:,}: this set cannot "
                         "be read correctly (split it, or train from an image folder with --images)")
 
 
@@ -158,9 +161,17 @@ def unpack_image_record(raw: bytes, key: int, offset: int, rec_path: str) -> "tu
 
 def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_classes: int,
                         image_size: "tuple[int, int]") -> "tuple[np.ndarray, float]":
-    """(RGB image, class id) of an image record (faces.decode_face: strict, no resize);
-    anything wrong is a DataError naming its position."""
-    payload, label, where = unpack_image_record(raw, key, offset, rec_path)
+    """(RGB image, class id) of an image record (see decode_item); anything wrong is a DataError naming its position."""
+    return decode_item(*unpack_image_record(raw, key, offset, rec_path), num_classes, image_size)
+
+
+def decode_item(payload: bytes, label: float, where: str, num_classes: int,
+                image_size: "tuple[int, int]") -> "tuple[np.ndarray, float]":
+    """(RGB image, class id) of one training item, checked as training checks it: a class id in
+    [0, num_classes), a face decoded strictly at image_size (faces.decode_face, no resize).
+
+    The one check of an item, for the training iterator (any source) and the check command.
+    """
     if not (0 <= label < num_classes and label == int(label)):
         raise DataError(f"{where} has label {label}, outside the classes [0, {num_classes})")
     try:
@@ -168,6 +179,13 @@ def decode_image_record(raw: bytes, key: int, offset: int, rec_path: str, num_cl
     except ImageError as error:
         raise DataError(str(error)) from None
     return image, label
+
+
+def check_identity_count(records: RecordSet, num_classes: int) -> None:
+    """Refuse a set whose header lists more identities than the run's classes."""
+    if records.num_identities is not None and records.num_identities > num_classes:
+        raise DataError(f"{records.rec_path}: the header lists {records.num_identities} identities, "
+                        f"more than num_classes = {num_classes}")
 
 
 def image_label(header: mx.recordio.IRHeader) -> float:
@@ -202,9 +220,9 @@ class RecordWriter:
         self._ranges: list[tuple[int, int]] = []     # (first_image, end_image) per identity
 
     def add(self, class_id: int, encoded: bytes) -> None:
-        if not 0 <= class_id < FLOAT32_EXACT_INT:
+        if not 0 <= class_id < MAX_CLASSES:
             raise DataError(f"class id {class_id:,}: RecordIO labels are float32, exact only for class ids "
-                            f"below 2^24 = {FLOAT32_EXACT_INT:,}; a set with more identities cannot be written")
+                            f"below 2^24 = {MAX_CLASSES:,}; a set with more identities cannot be written")
         if class_id == len(self._ranges):
             self._ranges.append((self._next, self._next))
         elif class_id != len(self._ranges) - 1:

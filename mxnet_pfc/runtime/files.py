@@ -18,10 +18,10 @@ def atomic_path(path: str):
             os.remove(tmp)
 
 
-def write_json(path: str, value) -> None:
-    """JSON written in full (flushed to disk) or not at all."""
+def write_json(path: str, value, indent: "int | None" = 2) -> None:
+    """JSON written in full (flushed to disk) or not at all; indent=None for a large file read by programs only."""
     with atomic_path(path) as tmp:
         with open(tmp, "w") as f:
-            json.dump(value, f, indent=2)
+            json.dump(value, f, indent=indent)
             f.flush()
             os.fsync(f.fileno())
