@@ -77,12 +77,7 @@ def max_sampled_centers(num_local: int, sample_rate: float, global_batch: int) -
 
 
 def expected_draws(num_local: int, num_sample: int) -> int:
-    """Uniform draws (with replacement) that give num_sample distinct classes with margin.
-
-    The expected number of draws for d distinct values out of n is about
-    n * ln(n / (n - d)); positives only lower it. 2% + 3 sigma-ish + 16 extra
-    makes a shortfall (handled by drawing again) vanishingly rare.
-    """
+    """Uniform draws (with replacement) that give num_sample distinct classes with margin (docs/DESIGN.md 2.2)."""
     n, d = num_local, num_sample
     if d >= n:
         return 0
@@ -91,22 +86,15 @@ def expected_draws(num_local: int, num_sample: int) -> int:
 
 
 class CenterSampler:
-    """Picks the local centers of one step: all positives plus uniform negatives, on the host.
+    """Picks the local centers of one step, on the host (docs/DESIGN.md 2.2 derives it).
 
-    Negatives are drawn uniformly with replacement; repeated draws and draws of
-    positives are dropped and the first (num_sample - positives) surviving draws
-    are kept. Keeping the first distinct draws is exactly sampling without
-    replacement. Deduplication uses a persistent table with one slot per local
-    class (plus one for labels of other ranks): scatter each draw's position,
-    read it back, and the draw that reads its own position survives. The
-    chosen ids come out sorted from a persistent mark per class, without a
-    sort. The work per step is O(draws + N) plus a scan of one byte per local
-    class; the slot table is never cleared because only slots written in the
-    same step are read, and the marks are unset as they are read. The draws
-    come from MXNet's generator on the head's context (seeding.py owns its
-    seeding); the rest is numpy: a few hundred
-    microseconds at 50,000 local classes, where device operators cost a
-    dispatch each and a host sync to learn the sampled count.
+    Every positive of the global batch (all of them, even beyond num_sample),
+    plus negatives drawn uniformly without replacement up to num_sample in all;
+    `sample` gives them as sorted unique local ids, and each row's column among
+    them. The work per step is
+    O(draws + N) plus a scan of one byte per local class, never a sort; the
+    draws come from MXNet's generator on the head's context (seeding.py owns
+    its seeding).
     """
 
     def __init__(self, num_local: int, num_sample: int, ctx: mx.Context):
