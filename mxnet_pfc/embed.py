@@ -25,7 +25,7 @@ from tqdm import tqdm
 from mxnet_pfc.data.faces import ImageError, WrongSize, decode_face, read_file
 from mxnet_pfc.data.folders import IMAGE_SUFFIXES, list_identities
 from mxnet_pfc.runtime.device import add_context_option, choose_context
-from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.errors import PfcError, exit_status
 from mxnet_pfc.eval.verification import embed_pairs
 from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 
@@ -147,13 +147,7 @@ def run(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except (PfcError, OSError) as error:
-        print(f"mxnet_pfc.embed: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status("mxnet_pfc.embed", run, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-from mxnet_pfc.runtime.device import add_context_option, choose_context
-from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.eval.verification import Verifier
-from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.models.inference import load_model, positive_int
+from mxnet_pfc.runtime.device import add_context_option, choose_context
+from mxnet_pfc.runtime.errors import exit_status
+from mxnet_pfc.runtime.files import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,22 +28,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        symbol, arg_params, aux_params, source = load_model(args.model)
-        ctx = choose_context(args.context, 0)
-        print(f"{source}: loading {len(args.bins)} set(s)", file=sys.stderr)
-        verifier = Verifier(args.bins, symbol, ctx, args.batch_size)
-        results = verifier.evaluate(arg_params, aux_params, progress=True)
-    except (PfcError, OSError) as error:
-        print(f"mxnet_pfc.verify: {error}", file=sys.stderr)
-        return 1
+def run(args) -> None:
+    symbol, arg_params, aux_params, source = load_model(args.model)
+    ctx = choose_context(args.context, 0)
+    print(f"{source}: loading {len(args.bins)} set(s)", file=sys.stderr)
+    verifier = Verifier(args.bins, symbol, ctx, args.batch_size)
+    results = verifier.evaluate(arg_params, aux_params, progress=True)
     for name, result in results.items():
         print(f"{name}: {result}")
     if args.json:
         write_json(args.json, {name: result.as_dict() for name, result in results.items()})
-    return 0
+
+
+def main(argv=None) -> int:
+    return exit_status("mxnet_pfc.verify", run, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from launch import REPO, rank_env
 
-from mxnet_pfc.eval import ijb
+from mxnet_pfc import ijb
 from mxnet_pfc.data.synthetic_ijb import write_ijb
 from mxnet_pfc.eval import align, ijb_metrics
 from mxnet_pfc.eval.verification import tar_at_far

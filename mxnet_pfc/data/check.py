@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.errors import exit_status
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.iterators import count_classes
 from mxnet_pfc.data.records import DataError, check_identity_count, decode_image_record, open_records, read_record
 
@@ -64,23 +65,21 @@ def _decode_problem(key, raw, offset, rec_path, num_classes, image_size) -> "str
     return None
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mxnet_pfc.data.check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", help="the set's folder (with train.rec, train.idx, property) or its .rec file")
     p.add_argument("--num-classes", "--num_classes", type=int,      # the spelling count_classes' message gives
                    help="class count (default: the folder's property file, else the header record)")
-    p.add_argument("--image-size", type=int, default=112, help="expected width and height (default 112)")
+    p.add_argument("--image-size", type=int, default=FACE_SIZE, help=f"expected width and height (default {FACE_SIZE})")
     p.add_argument("--threads", type=int, default=4, help="decoding threads (default 4)")
     p.add_argument("--show", type=int, default=20, help="problems listed in full (default 20; all are counted)")
-    args = p.parse_args(argv)
-    rec = args.data if args.data.endswith(".rec") else os.path.join(args.data, "train.rec")
-    try:
-        num_classes = args.num_classes or count_classes(rec)
-        total, problems = check_records(rec, num_classes, (args.image_size, args.image_size), args.threads)
-    except PfcError as error:       # the project's errors (DataError, ImageError, ...)
-        print(f"{rec}: cannot be used: {error}", file=sys.stderr)
-        return 1
+    return p
+
+
+def run(args, rec: str) -> int:
+    num_classes = args.num_classes or count_classes(rec)
+    total, problems = check_records(rec, num_classes, (args.image_size, args.image_size), args.threads)
     for problem in problems[:args.show]:
         print(problem)
     if len(problems) > args.show:
@@ -88,6 +87,12 @@ def main(argv=None) -> int:
     verdict = "sound" if not problems else f"{len(problems)} damaged record(s)"
     print(f"{rec}: {total} image records, {num_classes} classes: {verdict}")
     return 1 if problems else 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    rec = args.data if args.data.endswith(".rec") else os.path.join(args.data, "train.rec")
+    return exit_status(f"{rec}: cannot be used", run, args, rec)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 import cv2
 from tqdm import tqdm
 
-from mxnet_pfc.runtime.errors import PfcError
-from mxnet_pfc.data.faces import ImageError, WrongSize, decode_image, fit_size, read_file
+from mxnet_pfc.runtime.errors import PfcError, exit_status
+from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_image, fit_size, read_file
 from mxnet_pfc.data.folders import list_identities
 from mxnet_pfc.data.records import DataError, RecordWriter
 
@@ -102,7 +102,7 @@ def load_image(path: str, size: int, resize: bool) -> bytes:
     return encoded.tobytes()
 
 
-def pack(root: str, output: str, size: int = 112, resize: bool = False, threads: int = 4) -> "tuple[int, int]":
+def pack(root: str, output: str, size: int = FACE_SIZE, resize: bool = False, threads: int = 4) -> "tuple[int, int]":
     """Write OUT/train.rec etc.; returns (images, identities).
 
     Everything is checked that can be before a byte is written; the files are written under
@@ -136,34 +136,40 @@ def pack(root: str, output: str, size: int = 112, resize: bool = False, threads:
     return len(jobs), len(identities)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.data.pack", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("faces", help="folder of identity sub-folders")
     parser.add_argument("output", help="folder for train.rec, train.idx, property, identities.txt")
-    parser.add_argument("--size", type=int, default=112, help="image side in pixels (default: %(default)s)")
-    parser.add_argument("--resize", action="store_true", help="resize images of another size to --size x --size (default: refuse them, naming the file)")
-    parser.add_argument("--threads", type=int, default=4, help="threads that read and check the images (default: %(default)s)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--size", type=int, default=FACE_SIZE, help="image side in pixels (default: %(default)s)")
+    parser.add_argument("--resize", action="store_true",
+                        help="resize images of another size to --size x --size (default: refuse them, naming the file)")
+    parser.add_argument("--threads", type=int, default=4,
+                        help="threads that read and check the images (default: %(default)s)")
+    return parser
+
+
+def run(args) -> None:
+    try:
+        images, identities = pack(args.faces, args.output, args.size, args.resize, args.threads)
+    except OSError as error:        # the file system's own complaint (a full disk, no permission ...), named
+        raise DataError(f"{error.filename or args.output}: {error.strerror or error}") from None
+    print(f"wrote {args.output}/train.rec, train.idx, property, identities.txt: "
+          f"{images} images of {identities} identities")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(format="pack: %(message)s", level=logging.INFO)
     signal.signal(signal.SIGTERM, signal.default_int_handler)      # `kill` cleans up as Ctrl-C does
     try:
-        images, identities = pack(args.faces, args.output, args.size, args.resize, args.threads)
-    except PfcError as error:       # the project's errors (DataError, ImageError, ...)
-        print(f"pack: {error}", file=sys.stderr)
-        return 1
-    except OSError as error:        # the file system's own complaint (a full disk, no permission ...)
-        print(f"pack: {error.filename or args.output}: {error.strerror or error}", file=sys.stderr)
-        return 1
+        return exit_status("pack", run, args)
     except KeyboardInterrupt:
         print(f"pack: interrupted; nothing was written to {args.output}", file=sys.stderr, flush=True)
         # Its files are removed and the folder released. The interrupt may have come while the image pool held
         # one of concurrent.futures' locks (submitting), which the interpreter's exit then waits for forever
         # (seen in CI: the message printed, the process never ended): leave without that exit.
         os._exit(130)
-    print(f"wrote {args.output}/train.rec, train.idx, property, identities.txt: "
-          f"{images} images of {identities} identities")
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,13 +20,14 @@ import argparse
 import logging
 import os
 import pickle
+import sys
 import time
 
 import cv2
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.files import atomic_path
 from mxnet_pfc.data.records import DataError, RecordWriter
 
@@ -231,7 +232,7 @@ def ensure(folder: str, identities: int, images_per_identity: int, val_pairs: in
         time.sleep(1)
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.data.synthetic", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="output/data/synthetic",
@@ -246,14 +247,18 @@ def main(argv=None) -> None:
                         help="verification pairs in val.bin, half of them same-identity (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the identities and the nuisance drawn for each image (default: %(default)s)")
-    args = parser.parse_args(argv)
-    try:
-        generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
-    except PfcError as error:       # the project's errors (DataError, ImageError, ...)
-        raise SystemExit(f"mxnet_pfc.data.synthetic: {error}") from None
+    return parser
+
+
+def run(args) -> None:
+    generate(args.output, args.identities, args.images_per_identity, args.val_identities, args.val_pairs, args.seed)
     print(f"wrote {args.output}: train.rec/.idx ({args.identities} identities x {args.images_per_identity}), "
           f"property, val.bin ({args.val_pairs} pairs of {args.val_identities} unseen identities)")
 
 
+def main(argv=None) -> int:
+    return exit_status("mxnet_pfc.data.synthetic", run, build_parser().parse_args(argv))
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

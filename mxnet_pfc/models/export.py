@@ -1,33 +1,20 @@
-"""python -m mxnet_pfc.export MODEL [--prefix PREFIX] [--onnx]
+"""A model for inference: the backbone's symbol and parameters as MXNet files, and as ONNX.
 
-Writes an embedding-only model for MXNet inference, PREFIX-symbol.json +
-PREFIX-0000.params (arg:/aux: keys), loadable with mx.model.load_checkpoint into
-mx.mod.Module or with gluon.nn.SymbolBlock.imports, at any batch size. Input:
-raw RGB pixels 0..255, N x 3 x 112 x 112 (the symbol normalises them); output:
-the N x D embedding (L2-normalise it before comparing faces).
-
-MODEL is a training checkpoint folder (its rank-averaged backbone), a training
-output folder (its latest checkpoint), or an MXNet prefix. --onnx also writes
-PREFIX.onnx with a free batch dimension; --check then checks it as evaluation
-servers check a submitted model (see mxnet_pfc/models/onnx_check.py), prints one line
-per check, writes PREFIX-onnx-check.json and exits 1 if a check fails.
+export_model writes PREFIX-symbol.json + PREFIX-0000.params (arg:/aux: keys),
+loadable with mx.model.load_checkpoint into mx.mod.Module or with
+gluon.nn.SymbolBlock.imports, at any batch size: input raw RGB pixels 0..255,
+N x 3 x 112 x 112 (the symbol normalises them), output the N x D embedding. The
+trainer exports with it; the export command (mxnet_pfc/export.py) also writes
+PREFIX.onnx with export_onnx (a free batch dimension).
 """
 from __future__ import annotations
 
-import argparse
-import logging
 import os
-import sys
 
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.runtime.files import atomic_path
-from mxnet_pfc.models.inference import ModelError, load_model
-from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
-
-log = logging.getLogger("mxnet_pfc.export")
 
 
 def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict) -> "tuple[str, str]":
@@ -51,16 +38,6 @@ def export_onnx(prefix: str, onnx_path: str, image_size: int = 112) -> str:
         _, out_shapes, _ = symbol.infer_shape(data=(1, 3, image_size, image_size))
         _tidy_onnx(tmp, image_size, out_shapes[0][1])
     return onnx_path
-
-
-def default_prefix(model: str) -> str:
-    """OUTPUT/model for a training output folder or one of its checkpoints (where training exports)."""
-    folder = os.path.abspath(model)
-    if os.path.exists(os.path.join(folder, "state.json")) and os.path.basename(os.path.dirname(folder)) == "checkpoints":
-        return os.path.join(os.path.dirname(os.path.dirname(folder)), "model")
-    if os.path.isdir(folder):
-        return os.path.join(folder, "model")
-    raise ModelError(f"{model} is a prefix: name the exported one with --prefix")
 
 
 def _tidy_onnx(path: str, image_size: int, embedding_size: int) -> None:
@@ -98,42 +75,3 @@ def _tidy_onnx(path: str, image_size: int, embedding_size: int) -> None:
             shape.dim.add().dim_value = size
     onnx.checker.check_model(model)
     onnx.save(model, path)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="checkpoint folder, training output folder, or MXNet prefix[,epoch]")
-    parser.add_argument("--prefix", default="",
-                        help="output prefix (default: OUTPUT/model for a training output or checkpoint folder)")
-    parser.add_argument("--onnx", action="store_true", help="also write PREFIX.onnx (default: off)")
-    parser.add_argument("--check", action="store_true",
-                        help="write PREFIX.onnx and check it: input/output shapes, float16 weights, size, finite "
-                             "outputs, latency, embeddings against MXNet's; results in PREFIX-onnx-check.json "
-                             "(default: off)")
-    add_check_options(parser)
-    return parser
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        symbol, arg_params, aux_params, source = load_model(args.model)
-        prefix = args.prefix or default_prefix(args.model)
-        if os.path.abspath(prefix) == os.path.abspath(args.model.partition(",")[0]):
-            raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
-        files = export_model(prefix, symbol, arg_params, aux_params)
-        log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
-        if args.onnx or args.check:
-            log.info(f"ONNX: {export_onnx(prefix, prefix + '.onnx')}")
-        if args.check:
-            checks = check_onnx(prefix + ".onnx", prefix, max_latency_ms=args.max_latency_ms,
-                                tolerance=args.tolerance)
-            if not report(checks, prefix + "-onnx-check.json", prefix + ".onnx", prefix):
-                return 1
-    except (PfcError, OSError) as error:
-        print(f"mxnet_pfc.export: {error}", file=sys.stderr)
-        return 1
-    return 0
-

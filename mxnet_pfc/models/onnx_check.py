@@ -1,14 +1,12 @@
-"""python -m mxnet_pfc.onnx_check MODEL.onnx [--model MXNET_MODEL] [--json PATH]
+"""The checks of an ONNX face model that evaluation servers make of a submission (docs/evaluation.md "Checking the ONNX model").
 
-Checks an ONNX face-recognition model the way evaluation servers check a
-submission (InsightFace's MFR challenge, challenges/iccv21-mfr/onnx_helper.py
-and challenges/mfr/README.md): one input N x 3 x 112 x 112 with N free, one
+InsightFace's MFR challenge (challenges/iccv21-mfr/onnx_helper.py and
+challenges/mfr/README.md) requires one input N x 3 x 112 x 112 with N free, one
 output of at most 512 values, no float16 weights, at most 1024 MB, input
-normalised inside the model (the checker then feeds raw 0..255 pixels), finite
-outputs; it measures the latency per image (ONNX Runtime, CPU), and compares
-the embeddings with MXNet's for the same model. Prints one line per check and
-exits 1 if any fails. `python -m mxnet_pfc.export MODEL --check` runs this on
-the model it exports.
+normalised inside the model (the checker then feeds raw 0..255 pixels) and
+finite outputs; check_onnx also measures the latency per image (ONNX Runtime,
+CPU) and compares the embeddings with MXNet's for the same model. Used by the
+onnx_check command (mxnet_pfc/onnx_check.py) and by `export --check`.
 """
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -188,19 +185,6 @@ def report(checks: "list[Check]", json_path: str, onnx_path: str, mxnet_prefix: 
     return passed
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mxnet_pfc.onnx_check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("onnx", help="the ONNX file to check")
-    add_check_options(parser)
-    parser.add_argument("--model", default="",
-                        help="MXNet model (prefix, checkpoint or training output folder) to compare the embeddings "
-                             "with (default: none, no comparison)")
-    parser.add_argument("--json", default="", help="where to write the results (default: ONNX file's name "
-                                                    "without .onnx, plus -onnx-check.json)")
-    return parser
-
-
 def add_check_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-latency-ms", type=float, default=None,
                         help="fail if the latency per image at batch 1 (ONNX Runtime, CPU, median) exceeds this many "
@@ -208,16 +192,3 @@ def add_check_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="largest accepted difference between ONNX and MXNet embeddings, relative to the "
                              f"embedding's norm (default: {TOLERANCE:g})")
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    json_path = args.json or args.onnx.removesuffix(".onnx") + "-onnx-check.json"
-    try:
-        checks = check_onnx(args.onnx, args.model or None, max_latency_ms=args.max_latency_ms,
-                            tolerance=args.tolerance)
-        return 0 if report(checks, json_path, args.onnx, args.model or None) else 1
-    except (PfcError, OSError) as error:
-        print(f"mxnet_pfc.onnx_check: {error}", file=sys.stderr)
-        return 1
-

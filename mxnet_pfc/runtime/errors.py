@@ -3,18 +3,18 @@
 A `PfcError` is a problem the user can act on (bad input, a configuration
 that does not fit, a damaged file, a rank that failed); its message says what
 and where. Commands catch this type (with OSError: a file system's own
-complaint), print the message and stop. The trainer also prints MXNet's and
-Horovod's errors as one line (stops.stop_on_error); any other exception is a
-defect of ours and is reported with its traceback.
+complaint), print the message and stop (exit_status). The trainer also prints
+MXNet's and Horovod's errors as one line (stops.stop_on_error); any other
+exception is a defect of ours and is reported with its traceback.
 MXNet's own file errors name no file and start with a C++ stack: models and
 arrays are read through load_checkpoint / load_params / load_arrays here, whose
 errors name the file and keep MXNet's reason (mxnet_reason).
 The subclasses keep a builtin base (ValueError, RuntimeError ...) as well, so
-code that caught those before keeps working.
+code that caught those before keeps working. MXNet is imported by the loaders
+only: a command that does arithmetic alone (plan) uses this module without it.
 """
 import re
-
-import mxnet as mx
+import sys
 
 
 class PfcError(Exception):
@@ -29,6 +29,18 @@ class CheckpointError(PfcError, ValueError):
     """
 
 
+def exit_status(prefix: str, command, *args) -> int:
+    """command(*args)'s exit status (None: 0); a PfcError or OSError it raises is printed to stderr as
+    "PREFIX: message" and the status is 1. PREFIX is the command's name (`mxnet_pfc.embed`), or what it
+    could not do. The one place the commands turn these errors into a message.
+    """
+    try:
+        return command(*args) or 0
+    except (PfcError, OSError) as error:
+        print(f"{prefix}: {error}", file=sys.stderr)
+        return 1
+
+
 def mxnet_reason(error: BaseException) -> str:
     """The line of an MXNet error that says what failed, without MXNet's time and C++ source.
 
@@ -39,6 +51,8 @@ def mxnet_reason(error: BaseException) -> str:
     its parser) reaches Python as a UnicodeDecodeError in MXNet's own error
     handling: the message is read again, those bytes replaced.
     """
+    import mxnet as mx
+
     text = str(error)
     if isinstance(error, UnicodeDecodeError):
         text = mx.base._LIB.MXGetLastError().decode("utf-8", "replace") or text
@@ -54,6 +68,8 @@ def mxnet_reason(error: BaseException) -> str:
 
 def load_arrays(file: str, error_type=PfcError):
     """mx.nd.load(file), a failure raised as error_type naming the file and what MXNet found wrong."""
+    import mxnet as mx
+
     try:
         return mx.nd.load(file)
     except (mx.base.MXNetError, UnicodeDecodeError) as error:
@@ -78,6 +94,8 @@ def load_params(file: str, error_type=PfcError) -> "tuple[dict, dict]":
 def load_checkpoint(prefix: str, epoch: int = 0, error_type=PfcError):
     """(symbol, arg_params, aux_params) of PREFIX-symbol.json + PREFIX-EPOCH.params, as
     mx.model.load_checkpoint reads them; a failure is error_type naming the file."""
+    import mxnet as mx
+
     file = f"{prefix}-symbol.json"
     try:
         symbol = mx.sym.load(file)
