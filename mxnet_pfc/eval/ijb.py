@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mxnet_pfc.eval import ijb_data, ijb_metrics
-from mxnet_pfc.eval.verification import embed_with_mirror
+from mxnet_pfc.eval.verification import embed_with_mirror, tar_at_far
 from mxnet_pfc.models.inference import Embedder
 
 CMC_RANKS = 20          # ranks drawn in the CMC plot
@@ -42,11 +42,11 @@ def verification_report(features: np.ndarray, templates: np.ndarray, pairs) -> "
     scores = np.sum(features[[row[t] for t in first]] * features[[row[t] for t in second]], axis=1)
     report = {"pairs": int(len(labels)), "same": int(labels.sum()), "different": int((labels == 0).sum()), "far": {}}
     for far in ijb_metrics.FARS:
-        exact = ijb_metrics.tar_at_far_exact(labels, scores, far)
+        exact = tar_at_far(scores, labels == 1, far)
         nearest = ijb_metrics.tar_at_far_nearest(labels, scores, far)
-        report["far"][f"{far:g}"] = {"tar": exact[0], "achieved_far": exact[1], "threshold": exact[2],
-                                     "tar_nearest": nearest[0], "nearest_far": nearest[1],
-                                     "nearest_threshold": nearest[2]}
+        report["far"][f"{far:g}"] = {"tar": exact.tar, "achieved_far": exact.achieved_far,
+                                     "threshold": exact.threshold, "tar_nearest": nearest[0],
+                                     "nearest_far": nearest[1], "nearest_threshold": nearest[2]}
     fpr, tpr, _ = ijb_metrics.roc_curve(labels, scores, drop_intermediate=True)
     return report, (fpr, tpr)
 

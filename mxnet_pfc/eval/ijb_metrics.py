@@ -1,6 +1,8 @@
 """IJB template features and metrics, in plain numpy (docs/DESIGN.md section 3.4).
 
-1:1 verification: ROC over template pairs (cosine score), TAR at FAR two ways.
+1:1 verification: ROC over template pairs (cosine score), and TAR at the ROC
+point nearest a FAR, as InsightFace prints it (the exact TAR at FAR is
+verification.tar_at_far, the .bin sets' own).
 1:N identification, open set: CMC over mated probes, TPIR at FPIR. Kept free
 of MXNet so that the tests can compare every figure with a brute-force count.
 """
@@ -60,24 +62,12 @@ def roc_curve(labels: np.ndarray, scores: np.ndarray, drop_intermediate: bool = 
     return fps / fps[-1], tps / tps[-1], thresholds
 
 
-def tar_at_far_exact(labels: np.ndarray, scores: np.ndarray, far: float) -> "tuple[float, float, float]":
-    """(TAR, its FAR, threshold): the highest TAR of any threshold whose FAR is at most `far`.
-
-    Computed on the full ROC (no point dropped). With n different pairs at most
-    floor(far * n) may be accepted; below 1/n the figure is the TAR at FAR 0.
-    """
-    fpr, tpr, thresholds = roc_curve(labels, scores, drop_intermediate=False)
-    allowed = np.nonzero(fpr <= far + 1e-12 * far)[0]        # fpr is increasing: a prefix
-    best = allowed[-1]
-    return float(tpr[best]), float(fpr[best]), float(thresholds[best])
-
-
 def tar_at_far_nearest(labels: np.ndarray, scores: np.ndarray, far: float) -> "tuple[float, float, float]":
     """(TAR, its FAR, threshold) of the ROC point whose FAR is nearest `far`: the figure InsightFace prints.
 
     ijb_11.py takes sklearn's roc_curve (intermediate points dropped), and among
     equally near points the one with the highest TAR. That point's FAR may be
-    above the target, so this figure can exceed the exact one.
+    above the target, so this figure can exceed the exact one (verification.tar_at_far).
     """
     fpr, tpr, thresholds = roc_curve(labels, scores, drop_intermediate=True)
     distance = np.abs(fpr - far)

@@ -123,7 +123,11 @@ def tar_at_far(similarity: np.ndarray, issame: np.ndarray, far: float) -> TarAtF
 
     With n different pairs at most floor(far * n) may be accepted; when that is
     0 (fewer than 1/far pairs) the threshold is the highest different-pair score
-    and the figure is the TAR at FAR = 0, a lower bound.
+    and the figure is the TAR at FAR = 0, a lower bound. The one TAR@FAR of the
+    project: the .bin sets' and IJB's exact figure (docs/DESIGN.md 3.2, 3.4).
+    InsightFace's IJB scripts read it off sklearn's ROC (accept when score >= a
+    ROC threshold, the highest TPR with FPR <= far): the same pairs are accepted;
+    the threshold named here is the highest different-pair score rejected.
     """
     negatives = np.sort(similarity[~issame])[::-1]
     positives = similarity[issame]
