@@ -22,10 +22,11 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc.data.faces import ImageError, WrongSize, decode_face, read_file
+from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_face, read_file
 from mxnet_pfc.data.folders import IMAGE_SUFFIXES, list_identities
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
+from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.eval.verification import embed_pairs
 from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 
@@ -34,7 +35,7 @@ class EmbedError(PfcError, ValueError):
     """An input of the embed command that cannot be used."""
 
 
-def read_face(path: str, size: int = 112, resize: bool = False) -> np.ndarray:
+def read_face(path: str, size: int = FACE_SIZE, resize: bool = False) -> np.ndarray:
     """RGB float32 (3, size, size), 0..255, decoded by data.faces (strict); other sizes refused unless resize."""
     try:
         face = decode_face(read_file(path), path, size, resize)
@@ -73,7 +74,7 @@ def embed_files(embedder: Embedder, paths: "list[str]", resize: bool, chunk: int
 
 def default_threshold(model: str) -> float:
     """Cosine threshold of the training's final verification, stored next to the model."""
-    prefix = os.path.join(model, "model") if os.path.isdir(model) else model.partition(",")[0]
+    prefix = RunFolder(model).model if os.path.isdir(model) else model.partition(",")[0]
     path = f"{prefix}-verification.json"
     try:
         with open(path) as f:
@@ -93,14 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="embeddings.npy", help="where the embeddings go (default %(default)s)")
     parser.add_argument("--pair", nargs=2, metavar=("A", "B"), help="compare two faces")
     parser.add_argument("--threshold", type=float, default=None,
-                        help="cosine similarity above which a pair is the same person (default: the cosine threshold of the "
-                             "model's training verification, model-verification.json)")
+                        help="cosine similarity above which a pair is the same person (default: the cosine "
+                             "threshold of the model's training verification, model-verification.json)")
     parser.add_argument("--gallery", default="", help="folder of identity sub-folders, each an identity (with --probe)")
     parser.add_argument("--probe", default="", help="the face to look up in the gallery")
     parser.add_argument("-k", "--top-k", type=positive_int, default=5,
                         help="gallery matches listed per probe, best first (default: %(default)s)")
-    parser.add_argument("--resize", action="store_true", help="resize faces that are not 112x112 (default: refuse them, naming the file)")
-    parser.add_argument("--batch-size", type=positive_int, default=32, help="images per forward pass (default: %(default)s)")
+    parser.add_argument("--resize", action="store_true",
+                        help=f"resize faces that are not {FACE_SIZE}x{FACE_SIZE} "
+                             "(default: refuse them, naming the file)")
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="images per forward pass (default: %(default)s)")
     add_context_option(parser)
     return parser
 

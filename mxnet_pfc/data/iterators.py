@@ -16,6 +16,7 @@ from typing import NamedTuple
 import mxnet as mx
 import numpy as np
 
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.records import (DataError, check_identity_count, decode_item, open_records, read_property,
                                     read_record, unpack_image_record)
 
@@ -94,7 +95,7 @@ class ShardedIter:
     """
 
     def __init__(self, source, batch_size: int, num_classes: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, rand_mirror: bool = True, image_size: "tuple[int, int]" = (112, 112),
+                 seed: int = 0, rand_mirror: bool = True, image_size: "tuple[int, int]" = (FACE_SIZE, FACE_SIZE),
                  threads: int = 2, prefetch: int = 4, micro_batches: int = 1):
         self.source = source
         self.batch_size, self.num_classes, self.micro_batches = batch_size, num_classes, micro_batches
@@ -217,7 +218,8 @@ class DummyIter:
     """
 
     def __init__(self, batch_size: int, num_classes: int, rank: int = 0, seed: int = 0,
-                 image_size: "tuple[int, int]" = (112, 112), steps_per_epoch: int = 1000, micro_batches: int = 1):
+                 image_size: "tuple[int, int]" = (FACE_SIZE, FACE_SIZE), steps_per_epoch: int = 1000,
+                 micro_batches: int = 1):
         rng = np.random.default_rng([seed, rank])
         self.images_per_step = batch_size * micro_batches
         self.num_classes, self.steps_per_epoch = num_classes, steps_per_epoch

@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc.runtime.errors import PfcError
-from mxnet_pfc.data.faces import ImageError, decode_face
+from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_face
 
 
 # RecordIO labels are float32, which names every integer up to 2^24 exactly (not beyond): class ids 0 .. MAX_CLASSES - 1
@@ -235,7 +235,8 @@ class RecordWriter:
         self._ranges[-1] = (self._ranges[-1][0], self._next + 1)
         self._next += 1
 
-    def close(self, image_size: "tuple[int, int]" = (112, 112), extra: "dict[str, bytes] | None" = None) -> None:
+    def close(self, image_size: "tuple[int, int]" = (FACE_SIZE, FACE_SIZE),
+              extra: "dict[str, bytes] | None" = None) -> None:
         """Identity records, `property` and the `extra` files ({name: bytes}); then all appear at once."""
         if self._next != self._num_images + 1 or len(self._ranges) != self._num_identities:
             raise ValueError(f"announced {self._num_images} images of {self._num_identities} identities, "

@@ -29,11 +29,11 @@ from tqdm import tqdm
 
 from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.files import atomic_path
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.records import DataError, RecordWriter
 
 log = logging.getLogger(__name__)
 
-SIZE = 112
 COMPLETE = "COMPLETE"
 OWNER = ".generated-by-mxnet-pfc"     # written first into a folder the generator makes or finds empty
 VERSION = 4           # of the image family: a set made by another version is made again
@@ -58,8 +58,15 @@ def _soft(inside: np.ndarray, sharpness: float = 40.0) -> np.ndarray:
 
 
 def render(ids: "dict[str, np.ndarray]", rng: np.random.Generator) -> np.ndarray:
-    """One image per row of `ids`: uint8 (M, SIZE, SIZE, 3), with random nuisance."""
+    """One image per row of `ids`: uint8 (M, FACE_SIZE, FACE_SIZE, 3), with random nuisance."""
+    return render_with_landmarks(ids, rng)[0]
+
+
+def render_with_landmarks(ids: "dict[str, np.ndarray]", rng: np.random.Generator) -> "tuple[np.ndarray, np.ndarray]":
+    """(render(ids, rng), landmarks (M, 5, 2)): where the eyes, the nose tip and the mouth corners of each
+    image are, in its pixels (x, y), as the renderer placed them (the IJB test set, data/synthetic_ijb.py)."""
     m = len(ids["skin"])
+    points = _landmarks(ids)
     ids = {name: value.astype(np.float32) for name, value in ids.items()}
     draw = lambda low, high, shape: rng.uniform(low, high, size=shape).astype(np.float32)
     grid = ((np.arange(RENDER_SIZE, dtype=np.float32) + 0.5) / RENDER_SIZE * 2 - 1)
@@ -72,13 +79,15 @@ def render(ids: "dict[str, np.ndarray]", rng: np.random.Generator) -> np.ndarray
     u = (np.cos(angle) * x + np.sin(angle) * y) / scale
     v = (-np.sin(angle) * x + np.cos(angle) * y) / scale
 
-    p = {name: value[:, :, None, None] if value.shape[1] == 3 else value[:, 0, None, None] for name, value in ids.items()}
+    p = {name: value[:, :, None, None] if value.shape[1] == 3 else value[:, 0, None, None]
+         for name, value in ids.items()}
     face = _soft(1 - (u / p["face_w"]) ** 2 - (v / p["face_h"]) ** 2)
     hair = face * _soft(p["hairline"] - v)
     eyes = sum(_soft(1 - ((u - side * p["eye_dx"]) ** 2 + (v - p["eye_y"]) ** 2) / p["eye_r"] ** 2) for side in (-1, 1))
     nose = _soft(1 - (u / 0.03) ** 2 - ((v - p["eye_y"] - p["nose"] / 2 - 0.05) / (p["nose"] / 2)) ** 2)
     mouth = _soft(1 - (u / p["mouth_w"]) ** 2 - ((v - p["mouth_y"]) / p["mouth_h"]) ** 2)
-    stripes = p["stripe_amp"] * np.sin(p["stripe_freq"] * np.pi * (np.cos(p["stripe_angle"]) * u + np.sin(p["stripe_angle"]) * v))
+    along = np.cos(p["stripe_angle"]) * u + np.sin(p["stripe_angle"]) * v
+    stripes = p["stripe_amp"] * np.sin(p["stripe_freq"] * np.pi * along)
 
     def paint(base, mask, colour):
         return base * (1 - mask[:, None]) + colour * mask[:, None]
@@ -94,9 +103,27 @@ def render(ids: "dict[str, np.ndarray]", rng: np.random.Generator) -> np.ndarray
     # nuisance: lighting (brightness and colour temperature: a gain per channel), colour cast, noise
     image = image * draw(0.8, 1.2, (m, 1, 1, 1)) * draw(0.85, 1.15, (m, 3, 1, 1)) + draw(-0.05, 0.05, (m, 3, 1, 1))
     image += rng.standard_normal(size=image.shape, dtype=np.float32) * 0.04
-    image = np.stack([cv2.resize(one, (SIZE, SIZE), interpolation=cv2.INTER_LINEAR)
+    image = np.stack([cv2.resize(one, (FACE_SIZE, FACE_SIZE), interpolation=cv2.INTER_LINEAR)
                       for one in image.transpose(0, 2, 3, 1)])
-    return (np.clip(image, 0, 1) * 255 + 0.5).astype(np.uint8)
+    # the five points moved as the face was: (x, y) = scale R^-1 (u, v) + shift on the grid, then in pixels
+    cos, sin, size = np.cos(angle)[:, 0, 0, None], np.sin(angle)[:, 0, 0, None], scale[:, 0, 0, None]
+    point_u, point_v = points[..., 0], points[..., 1]
+    on_grid = np.stack([size * (cos * point_u - sin * point_v) + shift[:, 0, 0, 0, None],
+                        size * (sin * point_u + cos * point_v) + shift[:, 1, 0, 0, None]], axis=2)
+    return (np.clip(image, 0, 1) * 255 + 0.5).astype(np.uint8), (on_grid + 1) * (FACE_SIZE / 2) - 0.5
+
+
+def _landmarks(ids: "dict[str, np.ndarray]") -> np.ndarray:
+    """(M, 5, 2) face coordinates (u, v) of the eyes, the nose tip and the mouth corners of render's shapes.
+
+    On screen x grows to the right, so the image's left eye has u < 0; the nose tip is the lower end of
+    the nose ellipse (centre eye_y + nose / 2 + 0.05, half height nose / 2).
+    """
+    eye_dx, eye_y, mouth_w, mouth_y = (ids[name][:, 0] for name in ("eye_dx", "eye_y", "mouth_w", "mouth_y"))
+    zero = np.zeros(len(eye_dx))
+    u = np.stack([-eye_dx, eye_dx, zero, -mouth_w, mouth_w], axis=1)
+    v = np.stack([eye_y, eye_y, eye_y + ids["nose"][:, 0] + 0.05, mouth_y, mouth_y], axis=1)
+    return np.stack([u, v], axis=2)
 
 
 def encode(image_rgb: np.ndarray) -> bytes:
@@ -122,7 +149,7 @@ def write_training_set(folder: str, identities: int, images_per_identity: int, s
     writer = RecordWriter(folder, len(labels), identities)
     for label, image in zip(labels, _rendered(ids, labels, rng, "train.rec")):
         writer.add(int(label), encode(image))
-    writer.close((SIZE, SIZE))
+    writer.close((FACE_SIZE, FACE_SIZE))
 
 
 def write_verification_set(path: str, identities: int, pairs: int, seed: int) -> None:
@@ -226,7 +253,8 @@ def ensure(folder: str, identities: int, images_per_identity: int, val_pairs: in
     deadline = time.time() + wait_seconds
     while not is_complete(*wanted):
         if os.path.exists(failed):
-            raise DataError(f"{folder}: generating the synthetic set failed on local rank 0: {open(failed).read().strip()}")
+            raise DataError(f"{folder}: generating the synthetic set failed on local rank 0: "
+                            f"{open(failed).read().strip()}")
         if time.time() > deadline:
             raise DataError(f"{folder}: the synthetic set did not appear within {wait_seconds:.0f} s")
         time.sleep(1)

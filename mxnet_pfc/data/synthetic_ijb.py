@@ -1,51 +1,24 @@
 """A small synthetic test set in InsightFace's IJB layout, for the tests of mxnet_pfc.ijb.
 
 Faces come from the synthetic renderer (data/synthetic.py), so a model trained
-on the synthetic training set reads them. The generator knows where each
-render's eyes, nose tip and mouth corners are (it repeats the renderer's
-draws of shift, scale and rotation), places the render in a larger "loose
+on the synthetic training set reads them. The renderer says where each
+render's eyes, nose tip and mouth corners are (render_with_landmarks); the
+generator places the render in a larger "loose
 crop" by a random similarity (offset, scale, rotation), and writes the five
 points moved by that same similarity, a detector score, several media per
 template, 1:1 pairs, two galleries with disjoint subjects and mixed probes.
 """
 from __future__ import annotations
 
-import copy
 import os
 
 import cv2
 import numpy as np
 
-from mxnet_pfc.data.synthetic import SIZE, draw_identities, render
+from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.data.synthetic import draw_identities, render_with_landmarks
 
 LOOSE = 160            # side of a loose crop, pixels
-
-
-def render_with_landmarks(ids: "dict[str, np.ndarray]", rng: np.random.Generator):
-    """(images uint8 (M, 112, 112, 3), landmarks (M, 5, 2) in their pixels): eyes, nose tip, mouth corners.
-
-    render() draws shift, scale and angle first from rng; a copy of rng drawn
-    the same way gives those values (tests/test_ijb.py checks the points land
-    on the features).
-    """
-    m = len(ids["skin"])
-    twin = copy.deepcopy(rng)
-    shift = twin.uniform(-0.08, 0.08, size=(m, 2, 1, 1)).astype(np.float32)[:, :, 0, 0]
-    scale = twin.uniform(0.9, 1.1, size=(m, 1, 1)).astype(np.float32)[:, 0, 0]
-    angle = twin.uniform(-0.17, 0.17, size=(m, 1, 1)).astype(np.float32)[:, 0, 0]
-    images = render(ids, rng)
-    eye_dx, eye_y = ids["eye_dx"][:, 0], ids["eye_y"][:, 0]
-    nose_v = eye_y + ids["nose"][:, 0] + 0.05            # the lower end of the renderer's nose ellipse
-    mouth_w, mouth_y = ids["mouth_w"][:, 0], ids["mouth_y"][:, 0]
-    zero = np.zeros(m)
-    # face coordinates (u, v); on screen x grows to the right, so the image's left eye has u < 0
-    u = np.stack([-eye_dx, eye_dx, zero, -mouth_w, mouth_w], axis=1)
-    v = np.stack([eye_y, eye_y, nose_v, mouth_y, mouth_y], axis=1)
-    c, s = np.cos(angle)[:, None], np.sin(angle)[:, None]
-    gx = scale[:, None] * (c * u - s * v) + shift[:, 0:1]     # inverse of the renderer's (u, v) = R (x, y) / scale
-    gy = scale[:, None] * (s * u + c * v) + shift[:, 1:2]
-    to_pixel = lambda g: (g + 1) * (SIZE / 2) - 0.5            # grid centre -> pixel of the 112 image
-    return images, np.stack([to_pixel(gx), to_pixel(gy)], axis=2)
 
 
 def loose_crop(image: np.ndarray, rng: np.random.Generator) -> "tuple[np.ndarray, np.ndarray]":
@@ -55,7 +28,7 @@ def loose_crop(image: np.ndarray, rng: np.random.Generator) -> "tuple[np.ndarray
     c, s = scale * np.cos(angle), scale * np.sin(angle)
     centre = np.array([LOOSE / 2, LOOSE / 2]) + rng.uniform(-10, 10, size=2)
     linear = np.array([[c, -s], [s, c]])
-    shift = centre - linear @ np.array([SIZE / 2, SIZE / 2])
+    shift = centre - linear @ np.array([FACE_SIZE / 2, FACE_SIZE / 2])
     matrix = np.hstack([linear, shift[:, None]])
     background = tuple(int(x) for x in rng.integers(0, 256, size=3))
     crop = cv2.warpAffine(image, matrix, (LOOSE, LOOSE), flags=cv2.INTER_LINEAR, borderValue=background)
@@ -102,7 +75,8 @@ def write_ijb(root: str, target: str = "IJBC", subjects: int = 24, templates_per
     _write(root, f"{prefix}_name_5pts_score.txt", point_lines)
     # 1:1 pairs: every same-subject pair of templates, and as many different-subject pairs
     all_templates = sorted(subject_of)
-    same = [(a, b) for i, a in enumerate(all_templates) for b in all_templates[i + 1:] if subject_of[a] == subject_of[b]]
+    same = [(a, b) for i, a in enumerate(all_templates) for b in all_templates[i + 1:]
+            if subject_of[a] == subject_of[b]]
     different = []
     while len(different) < 4 * len(same):
         a, b = rng.choice(all_templates, size=2, replace=False)

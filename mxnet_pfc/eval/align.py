@@ -12,9 +12,11 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.errors import PfcError
 
-# where the five points sit in a 112x112 ArcFace crop (x, y)
+# where the five points sit in a 112x112 ArcFace crop (x, y): the template's own frame, whatever the face size
+ARCFACE_TEMPLATE_SIZE = 112
 ARCFACE_TEMPLATE = np.array([[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366],
                              [41.5493, 92.3655], [70.7299, 92.2041]], dtype=np.float64)
 MIN_SPREAD = 1e-2      # smaller / larger singular value of the centred points below this: (nearly) collinear
@@ -61,12 +63,12 @@ def similarity_transform(src: np.ndarray, dst: np.ndarray = ARCFACE_TEMPLATE) ->
     return np.hstack([scale * rotation, shift[:, None]])
 
 
-def warp(image: np.ndarray, matrix: np.ndarray, size: int = 112) -> np.ndarray:
+def warp(image: np.ndarray, matrix: np.ndarray, size: int = FACE_SIZE) -> np.ndarray:
     """The size x size crop of `image` under the 2x3 `matrix` (bilinear, black outside)."""
     return cv2.warpAffine(image, matrix, (size, size), flags=cv2.INTER_LINEAR, borderValue=0.0)
 
 
-def align(image: np.ndarray, points: np.ndarray, size: int = 112) -> np.ndarray:
+def align(image: np.ndarray, points: np.ndarray, size: int = FACE_SIZE) -> np.ndarray:
     """The aligned size x size face of `image` whose five landmarks are `points`."""
-    template = ARCFACE_TEMPLATE * (size / 112.0)
+    template = ARCFACE_TEMPLATE * (size / ARCFACE_TEMPLATE_SIZE)
     return warp(image, similarity_transform(points, template), size)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mxnet_pfc.data.faces import ImageError, decode_image, read_file
+from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_image, read_file
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.eval.align import align, landmark_problem
 
@@ -201,7 +201,7 @@ def check_mates(one_to_n: dict, paths: "dict[str, str]") -> None:
                                f"{name} ({paths[name]}): TPIR at FPIR needs probes of both kinds")
 
 
-def aligned_face(root: str, faces: Faces, index: int, size: int = 112) -> np.ndarray:
+def aligned_face(root: str, faces: Faces, index: int, size: int = FACE_SIZE) -> np.ndarray:
     """RGB uint8 (size, size, 3) of image `index`, aligned by its five points."""
     path = os.path.join(root, "loose_crop", faces.names[index])
     source = f"{path} (listed at {faces.where[index]})"

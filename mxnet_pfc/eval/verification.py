@@ -23,7 +23,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc.data.faces import ImageError, decode_face
+from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_face
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.models.inference import Embedder
 
@@ -40,7 +40,7 @@ class _DataOnlyUnpickler(pickle.Unpickler):
                              "a list of encoded images and a list of booleans")
 
 
-def load_bin(path: str, image_size: int = 112) -> "tuple[np.ndarray, np.ndarray]":
+def load_bin(path: str, image_size: int = FACE_SIZE) -> "tuple[np.ndarray, np.ndarray]":
     """(images float32 (2P, 3, H, W) RGB 0..255, issame bool (P,)) from a .bin pair set.
 
     Images are decoded by data.faces.decode_face (RGB; JPEG warnings ignored, as OpenCV
@@ -198,7 +198,8 @@ def verify_embeddings(embeddings: np.ndarray, issame: np.ndarray, xnorm: float =
 class Verifier:
     """The configured .bin sets, loaded once, evaluated against a backbone's current parameters."""
 
-    def __init__(self, paths, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64, image_size: int = 112):
+    def __init__(self, paths, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64,
+                 image_size: int = FACE_SIZE):
         self.sets = {os.path.splitext(os.path.basename(p))[0]: load_bin(p, image_size) for p in paths}
         self.batch_size = batch_size
         self.embedder = Embedder(symbol, ctx, batch_size, image_size)

@@ -14,6 +14,7 @@ import os
 import mxnet as mx
 import numpy as np
 
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.files import atomic_path
 
 
@@ -28,7 +29,7 @@ def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_param
     return files
 
 
-def export_onnx(prefix: str, onnx_path: str, image_size: int = 112) -> str:
+def export_onnx(prefix: str, onnx_path: str, image_size: int = FACE_SIZE) -> str:
     """PREFIX's model as ONNX (MXNet 1.9's exporter), batch dimension free."""
     with atomic_path(onnx_path) as tmp:
         mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-0000.params",

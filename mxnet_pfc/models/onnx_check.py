@@ -1,4 +1,4 @@
-"""The checks of an ONNX face model that evaluation servers make of a submission (docs/evaluation.md "Checking the ONNX model").
+"""The checks evaluation servers make of a submitted ONNX face model (docs/evaluation.md "Checking the ONNX model").
 
 InsightFace's MFR challenge (challenges/iccv21-mfr/onnx_helper.py and
 challenges/mfr/README.md) requires one input N x 3 x 112 x 112 with N free, one
@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.runtime.files import write_json
 
@@ -93,7 +94,7 @@ def _mxnet_embeddings(model: str, images: np.ndarray) -> np.ndarray:
     return embedder(images)
 
 
-def check_onnx(onnx_path: str, mxnet_prefix: "str | None" = None, *, image_size: int = 112,
+def check_onnx(onnx_path: str, mxnet_prefix: "str | None" = None, *, image_size: int = FACE_SIZE,
                max_latency_ms: "float | None" = None, tolerance: float = TOLERANCE,
                latency_runs: int = 10) -> "list[Check]":
     """The checks of the module docstring; the MXNet comparison only when `mxnet_prefix` names a model."""
