@@ -31,8 +31,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from mxnet_pfc.head.memory_bank import shard_range
-from mxnet_pfc.head.partial_fc import expected_draws, max_sampled_centers, num_sampled_centers
+from mxnet_pfc.head.sampler import expected_draws, max_sampled_centers, num_sampled_centers, shard_range
 
 GIB = 2 ** 30
 DTYPE_BYTES = {"float32": 4, "float16": 2}

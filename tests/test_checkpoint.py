@@ -18,7 +18,7 @@ from launch import REFERENCE_RUN as RUN, REPO, ckpt, config_sh, final_summary, l
 from mxnet_pfc.training import checkpoint
 from mxnet_pfc.runtime import files
 from mxnet_pfc.head import memory_bank
-from mxnet_pfc.head.memory_bank import shard_range
+from mxnet_pfc.head.sampler import shard_range
 
 def test_checkpoints_are_written_and_pruned(reference):
     _, run = reference

@@ -91,3 +91,12 @@ def test_command_prints_the_published_settings_and_has_help():
     assert run("--help").returncode == 0
     bad = run("--sample-rate", "0")
     assert bad.returncode == 2 and "--sample-rate must be in (0, 1]" in bad.stderr
+
+
+def test_command_runs_without_mxnet():
+    """The planner is arithmetic (head/sampler.py's sizing functions): it never loads MXNet."""
+    code = ("import sys; from mxnet_pfc import plan; plan.main(['--published']); plan.main([]); "
+            "assert 'mxnet' not in sys.modules, 'the planner loaded MXNet'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=rank_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "10M identities on 8 RTX 2080 Ti" in proc.stdout, proc.stderr[-2000:]

@@ -1,7 +1,7 @@
 """One rank's memory bank: its share of the class centers, their momentum, and their SGD.
 
 Rank r owns the contiguous rows [class_start, class_start + num_local) of the
-class table (`shard_range`). The bank keeps them as `weight` (the centers) and
+class table (`sampler.shard_range`). The bank keeps them as `weight` (the centers) and
 `weight_mom` (their momentum), updates only the rows a step used, and writes
 and reads them for checkpoints. A checkpoint saved on W ranks loads onto any
 other number of ranks: each rank reads its new range from whichever saved
@@ -16,20 +16,9 @@ import numpy as np
 
 from mxnet_pfc.runtime.errors import CheckpointError
 from mxnet_pfc.head.kernels import center_gradients, set_rows
+from mxnet_pfc.head.sampler import shard_range
 
 nd = mx.nd
-
-
-def shard_range(num_classes: int, rank: int, world_size: int) -> "tuple[int, int]":
-    """(class_start, num_local) of `rank`: contiguous ranges, remainder on the first ranks."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
-    if num_classes < world_size:
-        raise ValueError(f"num_classes ({num_classes}) must be at least the world size ({world_size})")
-    base, remainder = divmod(num_classes, world_size)
-    num_local = base + (1 if rank < remainder else 0)
-    class_start = rank * base + min(rank, remainder)
-    return class_start, num_local
 
 
 def shard_overlaps(shards: "list[list[int]]", start: int, count: int) -> "list[tuple[int, int, int, int]]":

@@ -13,14 +13,13 @@ their SGD momentum). One step, for the global batch of N = B x world_size rows:
   update         momentum SGD of the sampled centers only
 
 The parts: exchange.py checks and packs the inputs of collective 1;
-memory_bank.py holds this rank's centers, momentum and their SGD; this
-module samples the centers and runs the step. docs/DESIGN.md section 2 has
+memory_bank.py holds this rank's centers, momentum and their SGD; sampler.py
+picks the centers a step uses; this module runs the step. docs/DESIGN.md section 2 has
 the math; the code below follows its names.
 """
 from __future__ import annotations
 
 import logging
-import math
 
 import mxnet as mx
 import numpy as np
@@ -31,10 +30,10 @@ from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.head.exchange import PartialFCInputError
 from mxnet_pfc.head.kernels import head_ops
 from mxnet_pfc.head.margin import CombinedMarginLoss
-from mxnet_pfc.head.memory_bank import MemoryBank, shard_range
+from mxnet_pfc.head.memory_bank import MemoryBank
+from mxnet_pfc.head.sampler import CenterSampler, num_sampled_centers, shard_range
 
-__all__ = ["PartialFC", "PartialFCInputError", "NonFiniteLossError", "CenterSampler", "shard_range",
-           "num_sampled_centers", "max_sampled_centers", "expected_draws"]
+__all__ = ["PartialFC", "PartialFCInputError", "NonFiniteLossError"]
 
 nd = mx.nd
 log = logging.getLogger(__name__)
@@ -63,85 +62,6 @@ class Workspace:
 
 class NonFiniteLossError(PfcError, FloatingPointError):
     """The loss of a step is NaN or infinite; raised on every rank before any center moves."""
-
-
-def num_sampled_centers(num_local: int, sample_rate: float) -> int:
-    """Centers taken per step before positives overflow it: int(rate * num_local), at least 1."""
-    return min(num_local, max(1, int(sample_rate * num_local)))
-
-
-def max_sampled_centers(num_local: int, sample_rate: float, global_batch: int) -> int:
-    """The most centers one step can use on a rank: the sampled number, or more when a global
-    batch of distinct positives exceeds it (each positive is always taken)."""
-    return max(num_sampled_centers(num_local, sample_rate), min(num_local, global_batch))
-
-
-def expected_draws(num_local: int, num_sample: int) -> int:
-    """Uniform draws (with replacement) that give num_sample distinct classes with margin (docs/DESIGN.md 2.2)."""
-    n, d = num_local, num_sample
-    if d >= n:
-        return 0
-    mean = n * math.log(n / (n - d))
-    return int(math.ceil(1.02 * mean + 3.0 * math.sqrt(mean) + 16))
-
-
-class CenterSampler:
-    """Picks the local centers of one step, on the host (docs/DESIGN.md 2.2 derives it).
-
-    Every positive of the global batch (all of them, even beyond num_sample),
-    plus negatives drawn uniformly without replacement up to num_sample in all;
-    `sample` gives them as sorted unique local ids, and each row's column among
-    them. The work per step is
-    O(draws + N) plus a scan of one byte per local class, never a sort; the
-    draws come from MXNet's generator on the head's context (seeding.py owns
-    its seeding).
-    """
-
-    def __init__(self, num_local: int, num_sample: int, ctx: mx.Context):
-        self.num_local = num_local
-        self.num_sample = num_sample
-        self.ctx = ctx
-        self.full = num_sample >= num_local
-        self.num_draws = expected_draws(num_local, num_sample)
-        self._all = np.arange(num_local, dtype=np.int32) if self.full else None
-        self._table = None if self.full else np.zeros(num_local + 1, dtype=np.int32)
-        self._chosen = None if self.full else np.zeros(num_local, dtype=bool)
-
-    def sample(self, local_ids: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
-        """(index, target) for local_ids (N,) on the host, num_local marking other ranks' labels.
-
-        index: sorted int32 local class ids (S,); target: int32 (N,), the column of
-        each row's label in index (meaningless for rows of other ranks).
-        """
-        local_ids = np.asarray(local_ids, dtype=np.int64)
-        if self.full:
-            return self._all, local_ids.astype(np.int32)
-        N, table, draws = local_ids.shape[0], self._table, self.num_draws
-        rows = np.arange(N)
-        for _attempt in range(20):
-            candidates = nd.random.randint(0, self.num_local, shape=(draws,), ctx=self.ctx,
-                                           dtype="int32").asnumpy().astype(np.int64)
-            positions = np.arange(N, N + draws)
-            # One draw per class holds its slot: whichever NumPy writes last. The choice depends
-            # on positions only, never on the class, so the sample stays uniform.
-            table[candidates] = positions
-            table[local_ids] = rows                     # positives overwrite draws of the same class
-            positives = local_ids[(table[local_ids] == rows) & (local_ids < self.num_local)]
-            distinct = candidates[table[candidates] == positions]
-            num_neg = max(self.num_sample - positives.shape[0], 0)
-            if distinct.shape[0] >= num_neg:
-                break
-            log.warning("sampler drew %d distinct negatives, needed %d; drawing again", distinct.shape[0], num_neg)
-            draws *= 2
-        else:
-            raise RuntimeError("the center sampler failed to draw enough distinct negatives")
-        chosen = self._chosen
-        chosen[positives] = True
-        chosen[distinct[:num_neg]] = True
-        index = np.flatnonzero(chosen)
-        chosen[index] = False
-        table[index] = np.arange(index.shape[0])
-        return index.astype(np.int32), table[local_ids].astype(np.int32)
 
 
 def global_softmax(parts: np.ndarray, rank: int, mean_over: int) -> "tuple[np.ndarray, float, np.ndarray]":
@@ -211,7 +131,7 @@ class PartialFC:
         self.bank = MemoryBank(self.num_classes, self.embedding_size, self.rank, self.world_size, self.ctx,
                                self.ops, lr=lr, momentum=momentum, wd=wd, init_std=init_std)
         self.num_sample = num_sampled_centers(self.bank.num_local, self.sample_rate)
-        self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self.ctx)
+        self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self._draw_centers)
         self.sampled_index = None     # sorted local ids of the centers used by the last step
         self.workspace = Workspace(self.ctx)
 
@@ -231,6 +151,10 @@ class PartialFC:
                 f"{self.num_sample} sampled, D={self.embedding_size}, {self.margin}"
                 + (f", inter-class filtering above cosine {self.filter_threshold:g}" if self.filter_threshold else "")
                 + ")")
+
+    def _draw_centers(self, count: int) -> np.ndarray:
+        """count uniform local class ids for the sampler, from MXNet's generator on ctx (seeding.py seeds it)."""
+        return nd.random.randint(0, self.bank.num_local, shape=(count,), ctx=self.ctx, dtype="int32").asnumpy()
 
     def _check_same_config(self) -> None:
         """All ranks must agree on the head's shape and margin, or none can run."""
