@@ -11,7 +11,8 @@ arrays are read through load_checkpoint / load_params / load_arrays here, whose
 errors name the file and keep MXNet's reason (mxnet_reason).
 The subclasses keep a builtin base (ValueError, RuntimeError ...) as well, so
 code that caught those before keeps working. MXNet is imported by the loaders
-only: a command that does arithmetic alone (plan) uses this module without it.
+only, so a module that needs no MXNet (data.faces, plan) does not load it
+through this one.
 """
 import re
 import sys
