@@ -173,7 +173,7 @@ expected_stamp() {
 build_kernels() {
     # The fused CPU kernels of the head (compiled once per source, MXNet and CPU;
     # mxnet_pfc would also build them on first use).
-    (cd / && "$VENV/bin/python" -c "from mxnet_pfc import kernels; print('[setup] fused kernels:', kernels.build())") \
+    (cd / && "$VENV/bin/python" -c "from mxnet_pfc.head import kernels; print('[setup] fused kernels:', kernels.build())") \
         || echo "[setup] fused kernels did not build; the head will use MXNet ops" >&2
 }
 
@@ -207,7 +207,7 @@ expected_stamp > "$stamp_now"
 if [ -f "$STAMP" ] && cmp -s "$STAMP" "$stamp_now" && [ -x "$VENV/bin/python" ]; then
     echo "[setup] environment up to date: $VENV"
     cuda_library_path
-    bash "$REPO/setup-utils/patch-horovod.sh" "$VENV"     # a no-op once applied
+    "$VENV/bin/python" "$REPO/setup-utils/patch_horovod.py"     # a no-op once applied
     project_installed || install_project                  # e.g. the venv was made for another checkout
     build_kernels
     exit 0
@@ -277,7 +277,7 @@ if [ "$REBUILD_HOROVOD" = 1 ] || ! "$VENV/bin/python" -c "import horovod.mxnet" 
 fi
 
 # horovodrun --gloo must not hang on a second Ctrl-C (see the script).
-bash "$REPO/setup-utils/patch-horovod.sh" "$VENV"
+"$VENV/bin/python" "$REPO/setup-utils/patch_horovod.py"
 
 install_project
 

@@ -328,3 +328,70 @@ def test_installed_package_imports_without_pythonpath(tmp_path):
     plan = Path(sys.executable).parent / "mxnet-pfc-plan"
     proc = subprocess.run([str(plan), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-3000:]
+
+
+# ---- the Horovod patch (setup-utils/patch_horovod.py) ----
+
+PATCH = REPO / "setup-utils" / "patch_horovod.py"
+MARKER = "mxnet-pfc patch r3"
+
+
+def installed_horovod() -> Path:
+    import importlib.util
+    return Path(importlib.util.find_spec("horovod").origin).parent
+
+
+def horovod_copy(root: Path, version: str = "0.28.1") -> Path:
+    """A horovod package with this venv's original (unpatched) gloo_run.py and `version`, importable from root."""
+    hvd = root / "horovod"
+    (hvd / "runner").mkdir(parents=True)
+    (hvd / "__init__.py").write_text(f"__version__ = '{version}'\n")
+    original = installed_horovod() / "runner" / "gloo_run.py.mxnet-pfc-orig"
+    (hvd / "runner" / "gloo_run.py").write_bytes(original.read_bytes())
+    return hvd / "runner" / "gloo_run.py"
+
+
+def run_patch(root: "Path | None") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
+    return subprocess.run([sys.executable, str(PATCH)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_patch_applies_once_and_keeps_the_original(tmp_path):
+    target = horovod_copy(tmp_path)
+    original = target.read_text()
+    first = run_patch(tmp_path)
+    assert first.returncode == 0 and f"[setup] patched {target}" in first.stdout, first.stderr
+    patched = target.read_text()
+    assert MARKER in patched and "class _ShutdownOnSignal" in patched and "rank {} failed first" in patched
+    assert Path(f"{target}.mxnet-pfc-orig").read_text() == original
+    compile(patched, str(target), "exec")
+    again = run_patch(tmp_path)                          # idempotent: nothing printed, nothing written
+    assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
+    assert target.read_text() == patched
+
+
+def test_patch_replaces_an_earlier_revision_from_the_original(tmp_path):
+    target = horovod_copy(tmp_path)
+    assert run_patch(tmp_path).returncode == 0
+    patched = target.read_text()
+    target.write_text(patched.replace(MARKER, "mxnet-pfc patch r2"))
+    proc = run_patch(tmp_path)
+    assert proc.returncode == 0 and "[setup] patched" in proc.stdout, proc.stderr
+    assert target.read_text() == patched
+
+
+def test_patch_refuses_another_horovod_and_changes_nothing(tmp_path):
+    target = horovod_copy(tmp_path, version="0.28.0")
+    original = target.read_text()
+    proc = run_patch(tmp_path)
+    assert proc.returncode == 1
+    assert "Horovod 0.28.0 is installed, not 0.28.1; nothing was changed" in proc.stderr
+    assert target.read_text() == original and not Path(f"{target}.mxnet-pfc-orig").exists()
+
+
+def test_the_venv_horovod_is_patched_and_patching_again_is_a_no_op():
+    assert MARKER in (installed_horovod() / "runner" / "gloo_run.py").read_text()
+    proc = run_patch(None)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

@@ -2,7 +2,7 @@
 
 Horovod 0.28.1's horovodrun (Gloo) could hang for good when a second SIGINT arrived while its
 signal handler held the lock of a threading.Event: the handler ran again, nested, and waited
-on that lock; the ranks trained on (setup-utils/patch-horovod.sh fixes it in the virtual
+on that lock; the ranks trained on (setup-utils/patch_horovod.py fixes it in the virtual
 environment). The window is narrow (an idle machine rarely hits it), so horovodrun is
 interrupted several times, with gaps of 0 to 5 ms, and once more with the window made 50 ms
 wide, as a loaded machine does at random by descheduling the main thread inside it: that run
