@@ -26,6 +26,7 @@ from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_face, 
 from mxnet_pfc.data.folders import IMAGE_SUFFIXES, list_identities
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
+from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.eval.verification import embed_pairs
 from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 
@@ -73,7 +74,7 @@ def embed_files(embedder: Embedder, paths: "list[str]", resize: bool, chunk: int
 
 def default_threshold(model: str) -> float:
     """Cosine threshold of the training's final verification, stored next to the model."""
-    prefix = os.path.join(model, "model") if os.path.isdir(model) else model.partition(",")[0]
+    prefix = RunFolder(model).model if os.path.isdir(model) else model.partition(",")[0]
     path = f"{prefix}-verification.json"
     try:
         with open(path) as f:

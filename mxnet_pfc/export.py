@@ -23,6 +23,8 @@ from mxnet_pfc.models.export import export_model, export_onnx
 from mxnet_pfc.models.inference import ModelError, load_model
 from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
 from mxnet_pfc.runtime.errors import exit_status
+from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.training import checkpoint
 
 log = logging.getLogger("mxnet_pfc.export")
 
@@ -30,10 +32,11 @@ log = logging.getLogger("mxnet_pfc.export")
 def default_prefix(model: str) -> str:
     """OUTPUT/model for a training output folder or one of its checkpoints (where training exports)."""
     folder = os.path.abspath(model)
-    if os.path.exists(os.path.join(folder, "state.json")) and os.path.basename(os.path.dirname(folder)) == "checkpoints":
-        return os.path.join(os.path.dirname(os.path.dirname(folder)), "model")
+    run = RunFolder.holding(folder) if checkpoint.is_checkpoint(folder) else None
+    if run is not None:
+        return run.model
     if os.path.isdir(folder):
-        return os.path.join(folder, "model")
+        return RunFolder(folder).model
     raise ModelError(f"{model} is a prefix: name the exported one with --prefix")
 
 

@@ -7,6 +7,7 @@ final centers must be those of the uninterrupted run.
 """
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -27,7 +28,7 @@ def test_checkpoints_are_written_and_pruned(reference):
     assert not [name for name in os.listdir(root) if name.endswith(".tmp")]
     state = checkpoint.read_state(ckpt(root, 24))
     assert (state["step"], state["world_size"], state["num_classes"]) == (24, 2, 40)
-    assert state["shards"] == [[0, 20], [20, 20]] and state["epoch"] == 1       # 20 steps per epoch
+    assert state["shards"] == [[0, 20], [20, 20]] and state["steps_per_epoch"] == 20
     assert state["best"]["val"]["step"] in (10, 20)           # verification at 10 and 20 so far
     assert ckpt(root, 24).name == "ckpt-000003-step-00000024" and state["sequence"] == 3
     names = set(os.listdir(ckpt(root, 24)))
@@ -38,6 +39,18 @@ def test_checkpoints_are_written_and_pruned(reference):
     # the exported model and its verification figures
     assert (run / "model-symbol.json").exists() and (run / "model-verification.json").exists()
     assert "cosine_threshold" in json.load(open(run / "model-verification.json"))["val"]
+
+
+def test_state_json_holds_exactly_the_fields_design_lists(reference):
+    """docs/DESIGN.md 5.1's table of state.json's fields is what a checkpoint holds: no field written that the
+    table does not name (with its reader), none named that is gone."""
+    _, run = reference
+    written = set(json.loads((ckpt(run / "checkpoints", 24) / "state.json").read_text()))
+    design = (REPO / "docs" / "DESIGN.md").read_text()
+    table = design[design.index("| field | written by | read by, for |"):]
+    rows = table[:table.index("\n\n")].splitlines()[2:]
+    listed = {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert written == listed
 
 
 def test_resume_continues_exactly_as_the_uninterrupted_run(reference, tmp_path):

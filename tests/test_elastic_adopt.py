@@ -15,7 +15,7 @@ import pytest
 
 from launch import ELASTIC, REFERENCE_RUN, REPO, elastic_timeline as timeline, finish_command, frozen, losses, \
     rank_env, run_command, saved_steps, start_command, tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
-from mxnet_pfc.runtime import supervisor
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 # The job waits in its collectives while frozen: a Gloo timeout longer than any freeze here.
 JOB_ENV = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "600"}
@@ -49,7 +49,7 @@ def test_a_restarted_supervisor_adopts_its_job(reference, tmp_path, then):
         by_hand = run_command([sys.executable, "-m", "mxnet_pfc.train", *trainer_options, "--resume", "latest"],
                               timeout=120)
         assert by_hand.returncode == 1 and "is in use by another run" in by_hand.stdout, by_hand.stdout[-3000:]
-        assert not os.path.exists(supervisor.busy_record_path(str(output)))     # no supervisor launched it to tell
+        assert not os.path.exists(RunFolder(str(output)).busy_record)     # no supervisor launched it to tell
         second = start_command(command, JOB_ENV)
         adopted = wait_until(lambda: next((e for e in timeline(output) if e["event"].startswith("adopted")), None),
                              120, "the new supervisor adopting the job", proc=second)

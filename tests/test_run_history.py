@@ -16,7 +16,8 @@ import pytest
 
 from launch import (REFERENCE_RUN, ckpt, config_sh, losses, rank_stop_line, run_command, saved_steps,
                     tiny_synthetic_run)
-from mxnet_pfc.training import checkpoint, output_folder
+from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.training import checkpoint
 
 
 def copy_checkpoint(run, step: int, output):
@@ -39,6 +40,9 @@ def as_format_1(folder, legacy):
     state["format"] = 1
     for added in ("sequence", "num_images"):
         state.pop(added)
+    epoch, within = divmod(state["step"], state["steps_per_epoch"])      # what it wrote and nobody read
+    state.update(network=state["config"]["network"], seed=state["config"]["seed"], epoch=epoch, next_lr=0.1,
+                 data=dict(epoch=epoch, step_in_epoch=within))
     (legacy / "state.json").write_text(json.dumps(state))
     return legacy
 
@@ -120,7 +124,8 @@ def test_the_same_command_twice_never_mixes_two_runs(reference, tmp_path):
     assert first.returncode == 0, first.stdout[-4000:]
     metrics = (output / "metrics.jsonl").read_bytes()
     saved = sorted(os.listdir(output / "checkpoints"))
-    assert set(os.listdir(output)) <= set(output_folder.RUN_FILES)      # --start_over knows all a run writes
+    run_files = {os.path.basename(path) for path in RunFolder(str(output)).run_files()}
+    assert set(os.listdir(output)) <= run_files      # --start_over knows all a run writes
 
     second = run_command(command, timeout=300)
     assert second.returncode != 0

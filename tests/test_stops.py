@@ -5,6 +5,7 @@ import subprocess
 import pytest
 
 from mxnet_pfc.runtime import comm, stops
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 
 @pytest.fixture
@@ -14,9 +15,10 @@ def two_ranks_here(tmp_path, monkeypatch):
     ended.wait()
     monkeypatch.setattr(comm, "size", lambda: 2)
     monkeypatch.setattr(comm, "rank", lambda: 0)
-    monkeypatch.setitem(stops._state, "logs", str(tmp_path))
+    monkeypatch.setitem(stops._state, "run", RunFolder(str(tmp_path)))
     monkeypatch.setitem(stops._state, "peers", [(0, 7, os.getpid()), (1, 7, ended.pid)])
-    return tmp_path, ended.pid
+    os.makedirs(tmp_path / "logs")
+    return tmp_path / "logs", ended.pid
 
 
 def test_a_local_rank_gone_without_a_word_is_named(two_ranks_here):
@@ -39,7 +41,7 @@ def test_a_rank_that_lost_contact_too_is_not_called_killed(two_ranks_here, monke
     assert record.startswith(stops.LOST_CONTACT), record
     monkeypatch.setattr(comm, "rank", lambda: 0)          # then rank 0, whose peer has exited
     assert stops.other_rank_cause() is None
-    assert stops.first_failure(stops.read_records(str(logs), range(2))) is None
+    assert stops.first_failure(stops.read_records(RunFolder(str(logs.parent)), range(2))) is None
     # a failure of its own still counts
     (logs / "failed-rank1.txt").write_text("DataError: record 7 is damaged\n")
     assert stops.other_rank_cause() == "rank 1 failed: DataError: record 7 is damaged"
@@ -49,10 +51,11 @@ def test_the_first_crash_is_named_when_a_peer_crashed_after_it(tmp_path, monkeyp
     """Three ranks: rank 2 crashed, then rank 0 crashed inside MXNet as it stopped. Rank 1 names rank 2."""
     monkeypatch.setattr(comm, "size", lambda: 3)
     monkeypatch.setattr(comm, "rank", lambda: 1)
-    monkeypatch.setitem(stops._state, "logs", str(tmp_path))
+    monkeypatch.setitem(stops._state, "run", RunFolder(str(tmp_path)))
     monkeypatch.setitem(stops._state, "peers", [])
+    os.makedirs(tmp_path / "logs")
     for rank, when in ((2, 1_000_000_000), (0, 2_000_000_000)):
-        path = tmp_path / f"crash-rank{rank}.txt"
+        path = tmp_path / "logs" / f"crash-rank{rank}.txt"
         path.write_text(f"Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
                         f'  File "x.py", line {rank} in f\n')
         os.utime(path, ns=(when, when))

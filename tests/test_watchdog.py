@@ -14,6 +14,7 @@ import pytest
 from launch import (ELASTIC, REPO, config_sh, elastic_timeline, finish_command, last_logged_step, start_command,
                     tiny_synthetic_run, wait_until)
 from mxnet_pfc.runtime import stops
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 STALL_TIMEOUT = 20       # seconds; each test's own bound allows for a slow, loaded machine on top
 STUCK_STEP = 6
@@ -131,7 +132,7 @@ def check_stuck_run(proc, output, tmp_path, out):
     stacks = (logs / "stacks-rank1.txt").read_text()
     assert STUCK_FUNCTION in stacks and "Thread MainThread" in stacks and "Thread watchdog" in stacks, stacks
     assert "no progress for" in (logs / "rank1.log").read_text()          # the warning, then the stop
-    records = stops.read_records(str(logs), range(2))
+    records = stops.read_records(RunFolder(str(output)), range(2))
     assert records[1].startswith(stops.STALLED), records
     # no error of the run's own: the elastic supervisor relaunches (supervisor.job_failure)
     assert stops.first_failure(records) is None, records
@@ -211,12 +212,13 @@ def test_stall_records_are_no_error_of_the_runs_own(tmp_path, monkeypatch):
     from mxnet_pfc.runtime import comm
     monkeypatch.setattr(comm, "size", lambda: 2)
     monkeypatch.setattr(comm, "rank", lambda: 0)
-    monkeypatch.setitem(stops._state, "logs", str(tmp_path))
-    (tmp_path / "failed-rank1.txt").write_text(stops.STALLED + "made no progress for 9 s, stuck in f (x.py:3), "
-                                                                "outside any collective\n")
+    monkeypatch.setitem(stops._state, "run", RunFolder(str(tmp_path)))
+    os.makedirs(tmp_path / "logs")
+    (tmp_path / "logs" / "failed-rank1.txt").write_text(stops.STALLED + "made no progress for 9 s, stuck in f "
+                                                                    "(x.py:3), outside any collective\n")
     stops.record_failure(stops.WAITED + "in collective 'pfc.batch' for 8 s, at g (y.py:4)")
     stops.record_failure(stops.SIGNALLED + "SIGTERM")
-    records = stops.read_records(str(tmp_path), range(2))
+    records = stops.read_records(RunFolder(str(tmp_path)), range(2))
     assert records[0].startswith(stops.WAITED), records
     assert stops.first_failure(records) is None
     assert stops.stall_cause(records) == ("rank 1 made no progress for 9 s, stuck in f (x.py:3), outside any "

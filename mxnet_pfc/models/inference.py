@@ -20,6 +20,7 @@ import symbols
 
 from mxnet_pfc.training import checkpoint
 from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 
 class ModelError(PfcError, ValueError):
@@ -80,15 +81,17 @@ def float32_params(symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict, wh
 def load_model(path: str):
     """(symbol, arg_params, aux_params, description) of the model `path` names (see the module docstring)."""
     if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "state.json")):
+        if checkpoint.is_checkpoint(path):
             state = checkpoint.read_state(path)
             arg_params, aux_params = checkpoint.load_backbone(path, 0, same_world=False, average=True)
-            symbol = inference_symbol(state["network"], state["embedding_size"])
+            network = state["config"]["network"]
+            symbol = inference_symbol(network, state["embedding_size"])
             arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
-            return symbol, arg_params, aux_params, f"checkpoint {path} ({state['network']}, step {state['step']})"
-        if os.path.exists(os.path.join(path, "model-symbol.json")):
-            return load_model(os.path.join(path, "model"))
-        newest = checkpoint.latest(os.path.join(path, "checkpoints"))
+            return symbol, arg_params, aux_params, f"checkpoint {path} ({network}, step {state['step']})"
+        run = RunFolder(path)
+        if os.path.exists(f"{run.model}-symbol.json"):
+            return load_model(run.model)
+        newest = checkpoint.latest(run.checkpoints)
         if newest is not None:
             return load_model(newest.path)
         raise ModelError(f"{path}: a folder without a model (model-symbol.json), checkpoint (state.json) "

@@ -1,5 +1,7 @@
 """The processes of a run: Horovod (comm, the only importer of horovod), how a
 failure on one rank ends every rank (stops), the progress watchdog, the output
-folder's lock, seeding, devices, the log, shared errors and file writing, and the
-elastic supervisor that relaunches the trainer. Nothing here imports the head.
+folder's lock, seeding, devices, the log, shared errors and file writing, the
+paths under a run's output folder (run_folder) and the records the trainer and the
+supervisor exchange there (run_records), and the elastic supervisor that relaunches
+the trainer. Nothing here imports the head.
 """

@@ -9,15 +9,17 @@ import logging
 import os
 import sys
 
+from mxnet_pfc.runtime.run_folder import RunFolder
+
 ROOT_LOGGER = "mxnet_pfc"
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"      # with the date: a run lasts days
 
 
-def setup(output: str, rank: int) -> str:
+def setup(run: RunFolder, rank: int) -> str:
     """Send the project's log records to OUTPUT/logs/rankR.log (and stdout on rank 0); returns the file."""
     log = logging.getLogger(ROOT_LOGGER)
-    os.makedirs(os.path.join(output, "logs"), exist_ok=True)
-    path = os.path.join(output, "logs", f"rank{rank}.log")
+    os.makedirs(run.logs, exist_ok=True)
+    path = run.log_file(rank)
     formatter = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", TIME_FORMAT)
     handlers = [logging.FileHandler(path)]
     if rank == 0:

@@ -32,6 +32,12 @@ HEARTBEAT_SECONDS = 10.0
 STALE_SECONDS = 60.0
 
 
+def lock_path(folder: str) -> str:
+    """The lock file of a held folder: OUTPUT/RUNNING.lock (the trainer's), OUTPUT/elastic/RUNNING.lock (the
+    supervisor's)."""
+    return os.path.join(folder, LOCK_NAME)
+
+
 class OutputBusyError(PfcError, RuntimeError):
     """Another run holds the output folder."""
 
@@ -120,7 +126,7 @@ class OutputLock:
     """The lock of one output folder, held by this process until release()."""
 
     def __init__(self, folder: str, took_over: str = ""):
-        self.path = os.path.join(folder, LOCK_NAME)
+        self.path = lock_path(folder)
         self.took_over = took_over        # what a stale lock said, when one was replaced
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="output-lock")
@@ -143,7 +149,7 @@ class OutputLock:
 
 def holder_active(folder: str) -> bool:
     """Whether a run that is not gone holds `folder` (acquire would refuse it now)."""
-    path = os.path.join(folder, LOCK_NAME)
+    path = lock_path(folder)
     try:
         holder, mtime = _read(path)
     except FileNotFoundError:
@@ -155,7 +161,7 @@ def holder_active(folder: str) -> bool:
 def live_holder(folder: str) -> "Holder | None":
     """The run that holds `folder` and is not gone, or None (also while a lock is being written)."""
     try:
-        holder, mtime = _read(os.path.join(folder, LOCK_NAME))
+        holder, mtime = _read(lock_path(folder))
     except FileNotFoundError:
         return None
     if holder is None or holder.gone(_filesystem_now(folder) - mtime)[0]:
@@ -166,7 +172,7 @@ def live_holder(folder: str) -> "Holder | None":
 def acquire(folder: str) -> OutputLock:
     """Hold `folder` for this run, or raise OutputBusyError naming the run that holds it."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, LOCK_NAME)
+    path = lock_path(folder)
     mine = Holder.this_process()
     took_over = ""
     for _ in range(5):

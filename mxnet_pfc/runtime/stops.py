@@ -36,30 +36,27 @@ import mxnet as mx
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.runtime.errors import PfcError, mxnet_reason
 from mxnet_pfc.runtime.logs import ROOT_LOGGER
+from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.runtime.run_lock import boot_id
 
 log = logging.getLogger(ROOT_LOGGER)
 
-_state = {"logs": None, "peers": []}     # this run's logs folder; (rank, host, pid) of every rank
+_state = {"run": None, "peers": []}     # this run's output folder; (rank, host, pid) of every rank
 
 
-def start(logs_folder: str) -> None:
+def start(run: RunFolder) -> None:
     """Learn where failure records go and which processes the other ranks are (collective: every rank)."""
-    _state["logs"] = logs_folder
-    _record_crashes(logs_folder)
+    _state["run"] = run
+    _record_crashes(run)
     host = zlib.crc32(f"{socket.gethostname()} {boot_id()}".encode())     # same kernel: pids comparable
     _state["peers"] = [(r, int(h), int(pid)) for r, (h, pid) in enumerate(comm.gather_rows([host, os.getpid()]))]
 
 
-def _crash_path(logs_folder: str, rank: "int | str") -> str:
-    return os.path.join(logs_folder, f"crash-rank{rank}.txt")
-
-
-def _record_crashes(logs_folder: str) -> None:
+def _record_crashes(run: RunFolder) -> None:
     """A crash inside MXNet or Horovod (SIGSEGV, SIGABRT, ...) writes every thread's Python stack to
     logs/crash-rankR.txt before MXNet's own handler runs, for this rank's log reader and the other
     ranks' messages (other_rank_cause); the file is removed at a normal exit while still empty."""
-    path = _crash_path(logs_folder, comm.rank())
+    path = run.crash_record(comm.rank())
     try:
         crash_file = open(path, "w")
     except OSError:
@@ -109,50 +106,37 @@ WAITED = "waited: "         # a rank that made no progress waiting in a collecti
 NOT_OWN_FAILURE = (SIGNALLED, LOST_CONTACT, STALLED, WAITED)
 
 
-def _record_path(logs_folder: str, rank: "int | str") -> str:
-    return os.path.join(logs_folder, f"failed-rank{rank}.txt")
-
-
-def stacks_path(logs_folder: str, rank: "int | str") -> str:
-    """Where the watchdog dumps every thread's stack of a rank that made no progress."""
-    return os.path.join(logs_folder, f"stacks-rank{rank}.txt")
-
-
-def progress_path(logs_folder: str, rank: "int | str") -> str:
-    """A rank's progress count, which the watchdogs of ranks waiting in a collective read."""
-    return os.path.join(logs_folder, f"progress-rank{rank}.txt")
-
-
-def clear_records(logs_folder: str) -> None:
+def clear_records(run: RunFolder) -> None:
     """Remove the failure records, crash and stack dumps and progress counts of an earlier run in this
     folder (rank 0, before the others start)."""
-    for kind in (_record_path, _crash_path, stacks_path, progress_path):
-        for path in glob.glob(kind(logs_folder, "*")):
+    for kind in (run.failure_record, run.crash_record, run.stacks_record, run.progress_record):
+        for path in glob.glob(kind("*")):
             os.remove(path)
 
 
 def record_failure(message: str) -> None:
     """Leave this rank's reason for stopping where the other ranks look for it. A failure of its own
     or a stall, once recorded, stays: a signal or a lost contact that follows it does not replace it."""
-    if _state["logs"] is None:
+    run = _state["run"]
+    if run is None:
         return
     if message.startswith((SIGNALLED, LOST_CONTACT)):
-        kept = read_records(_state["logs"], [comm.rank()]).get(comm.rank(), "")
+        kept = read_records(run, [comm.rank()]).get(comm.rank(), "")
         if kept and not kept.startswith((SIGNALLED, LOST_CONTACT)):
             return
     try:
-        with open(_record_path(_state["logs"], comm.rank()), "w") as f:
+        with open(run.failure_record(comm.rank()), "w") as f:
             f.write(message + "\n")
     except OSError:            # a full disk may be the very failure; the launcher's output still has it
         pass
 
 
-def read_records(logs_folder: str, ranks) -> "dict[int, str]":
-    """{rank: message} of the failure records of `ranks` in logs_folder."""
+def read_records(run: RunFolder, ranks) -> "dict[int, str]":
+    """{rank: message} of the failure records of `ranks` in the run's logs."""
     found = {}
     for rank in ranks:
         try:
-            found[rank] = open(_record_path(logs_folder, rank)).read().strip()
+            found[rank] = open(run.failure_record(rank)).read().strip()
         except OSError:
             continue
     return found
@@ -171,9 +155,9 @@ def first_failure(records: "dict[int, str]") -> "str | None":
 
 def _records() -> "dict[int, str]":
     """{rank: message} of the other ranks' records."""
-    if _state["logs"] is None:          # before start(): no records to read yet
+    if _state["run"] is None:          # before start(): no records to read yet
         return {}
-    return read_records(_state["logs"], (rank for rank in range(comm.size()) if rank != comm.rank()))
+    return read_records(_state["run"], (rank for rank in range(comm.size()) if rank != comm.rank()))
 
 
 def _gone_local_peers(accounted: "set[int]") -> "list[tuple[int, int]]":
@@ -214,11 +198,11 @@ def other_rank_cause() -> "str | None":
         from mxnet_pfc.runtime import watchdog          # imported late: watchdog.py records through this module
         own = watchdog.own_wait()
         return f"{stall}; {own}" if own else stall
-    if _state["logs"] is not None:
+    if _state["run"] is not None:
         # the first dump written: a rank whose peer crashed may crash too, inside MXNet, as it stops
         crashes = []
         for rank in range(comm.size()):
-            path = _crash_path(_state["logs"], rank)
+            path = _state["run"].crash_record(rank)
             crash = crash_summary(path) if rank != comm.rank() else None
             if crash:
                 crashes.append((os.stat(path).st_mtime_ns, rank, path, crash))

@@ -36,7 +36,6 @@ See docs/DESIGN.md section 6.5.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
@@ -49,54 +48,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from mxnet_pfc.runtime import run_records
+from mxnet_pfc.runtime.run_folder import RunFolder
+
 log = logging.getLogger("mxnet_pfc.elastic")
 
-REPO = Path(__file__).resolve().parents[2]
 EXIT_GAVE_UP = 3            # this command's status when it stops relaunching
-
-
-# ------------------------------------------------------------------ the trainer's side
-def stop_request_path(output: str) -> str:
-    """The file whose presence asks a running trainer to stop after its next periodic checkpoint."""
-    return os.path.join(output, "elastic", "stop-at-checkpoint")
-
-
-def stopped_record_path(output: str) -> str:
-    """Where the trainer says that it stopped at a checkpoint on request (JSON: step, world size)."""
-    return os.path.join(output, "elastic", "stopped-at-checkpoint.json")
-
-
-def finished_record_path(output: str) -> str:
-    """The run's own word that it ended normally (rank 0 writes it last; a run clears it as it starts).
-    "Finished" is read from it, never inferred from an exit status or an absent failure record: a
-    supervisor that adopted a job cannot see the job's exit status."""
-    return os.path.join(output, "logs", "finished.json")
-
-
-LAUNCH_ENV = "MXNET_PFC_LAUNCH"     # the supervisor's id of a launch, in every rank's environment
-
-
-def launch_id() -> "str | None":
-    """This process's launch id (None when no supervisor launched it): the trainer puts it in its records,
-    so that a supervisor believes only the records of its own job, never an earlier run's or a bystander's."""
-    return os.environ.get(LAUNCH_ENV) or None
-
-
-def busy_record_path(output: str) -> str:
-    """Where a trainer refused by the output lock says so (JSON: the holder), for its supervisor: a
-    refusal is no lost rank, and the holder is the job to watch."""
-    return os.path.join(output, "elastic", "output-busy.json")
-
-
-def record_busy(output: str, message: str) -> None:
-    """Rank 0 refused by the output lock: say so to the supervisor that launched it (a run started by hand
-    has no supervisor to tell)."""
-    if launch_id() is not None and os.path.isdir(os.path.dirname(busy_record_path(output))):
-        try:
-            with open(busy_record_path(output), "w") as f:
-                json.dump({"refused": message, "launch": launch_id()}, f)
-        except OSError:
-            pass
 
 
 # ------------------------------------------------------------------ hosts
@@ -172,7 +129,7 @@ def _launched_as(pid: int, launch: str) -> bool:
         environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
     except OSError:
         return False
-    return f"{LAUNCH_ENV}={launch}".encode() in environ
+    return f"{run_records.LAUNCH_ENV}={launch}".encode() in environ
 
 
 def _alive(pid: int, started: str) -> bool:
@@ -202,7 +159,7 @@ class Job:
     def launch(cls, command: "list[str]", launch: str) -> "Job":
         # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, LAUNCH_ENV: launch})
+                                env={**os.environ, run_records.LAUNCH_ENV: launch})
         from mxnet_pfc.runtime.run_lock import process_stat
         stat = process_stat(proc.pid)
         return cls(proc.pid, stat[1] if stat else "", proc)
@@ -277,12 +234,6 @@ def wait_for_lock(output: str, timeout: float) -> None:
         time.sleep(1.0)
 
 
-def job_record_path(output: str) -> str:
-    """The supervisor's record of the job it launched (horovodrun's pid and start time, its ranks and
-    hosts): how a supervisor started after this one was killed finds the job's processes."""
-    return os.path.join(output, "elastic", "job.json")
-
-
 # ------------------------------------------------------------------ the supervisor
 def option_value(args: "list[str]", name: str) -> "str | None":
     """The value of trainer option `name` (`--name V` or `--name=V`, the last one wins) in args."""
@@ -322,65 +273,48 @@ def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
     return options
 
 
-def job_failure(output: str, ranks: int) -> "str | None":
+def job_failure(run: RunFolder, ranks: int) -> "str | None":
     """A failure of the run's own (a failure record that is not a signal or a lost contact), or None:
     a lost rank."""
     from mxnet_pfc.runtime import stops           # the trainer's record format; imported late (stops imports MXNet)
-    return stops.first_failure(stops.read_records(os.path.join(output, "logs"), range(ranks)))
+    return stops.first_failure(stops.read_records(run, range(ranks)))
 
 
-def newest_checkpoint(output: str):
+def newest_checkpoint(run: RunFolder):
     """The newest complete checkpoint of the output folder (checkpoint.Saved), or None."""
     from mxnet_pfc.training import checkpoint
-    return checkpoint.latest(os.path.join(output, "checkpoints"))
+    return checkpoint.latest(run.checkpoints)
 
 
-def held(output: str) -> str:
+def held(run: RunFolder) -> str:
     """The newest checkpoint named by what it holds, or '-': for the timeline and messages."""
-    saved = newest_checkpoint(output)
+    saved = newest_checkpoint(run)
     return "-" if saved is None else saved.describe()
-
-
-def _read_json(path: str) -> "dict | None":
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 class Supervisor:
     def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str, start_over: bool,
                  length: "list" = ()):
-        self.args, self.trainer_args, self.output = args, trainer_args, output
+        self.args, self.trainer_args, self.run_folder = args, trainer_args, RunFolder(output)
         self.start_over = start_over
         self.length = list(length)      # the run's length as asked for (max_update, num_epoch): see run()
         # with --start_over, the earlier run's newest checkpoint: launches start afresh while it is in place (the
         # trainer moves it aside as it starts; a job lost before that must not resume the earlier run)
-        self.earlier_run = getattr(newest_checkpoint(output), "path", None) if start_over else None
+        self.earlier_run = getattr(newest_checkpoint(self.run_folder), "path", None) if start_over else None
         self.launch_id: "str | None" = None      # of the job watched now (None: a run started by hand)
-        self.timeline = os.path.join(output, "elastic-timeline.tsv")
         self.restarts = 0
         self.interrupted: "int | None" = None
-        os.makedirs(os.path.join(output, "elastic"), exist_ok=True)
-        os.makedirs(os.path.join(output, "logs"), exist_ok=True)
+        os.makedirs(self.run_folder.elastic, exist_ok=True)
+        os.makedirs(self.run_folder.logs, exist_ok=True)
 
     # -- records
     def event(self, ranks: "int | None", hosts, what: str) -> None:
         """One line of the timeline and of the log."""
-        newest = held(self.output)
+        newest = held(self.run_folder)
         hosts_text = ",".join(f"{h}:{n}" for h, n in hosts) or "-"
         ranks_text = "?" if ranks is None else str(ranks)
-        new = not os.path.exists(self.timeline)
-        with open(self.timeline, "a") as f:
+        new = not os.path.exists(self.run_folder.timeline)
+        with open(self.run_folder.timeline, "a") as f:
             if new:
                 f.write("time\tcheckpoint\tranks\thosts\tevent\n")
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')}\t{newest}\t{ranks_text}\t{hosts_text}\t{what}\n")
@@ -425,18 +359,16 @@ class Supervisor:
         spec = ",".join(f"{h}:{n}" for h, n in assigned)
         return [self.args.horovodrun, "--gloo", "-np", str(np_), "-H", spec,
                 *launcher_options(self.args.horovodrun_args, [h for h, _ in assigned]),
-                "bash", str(REPO / "config.sh"), "--", *args]
+                sys.executable, "-m", "mxnet_pfc.runtime.rank", "--", *args]
 
     def launch(self, assigned, resume: bool) -> Job:
         """Start the job and record it (job.json) for a supervisor that may have to adopt it."""
-        for path in (stop_request_path(self.output), stopped_record_path(self.output),
-                     busy_record_path(self.output)):
-            _remove(path)
+        run_records.clear_for_launch(self.run_folder)
         self.launch_id = uuid.uuid4().hex
         job = Job.launch(self.command(assigned, resume), self.launch_id)
         from mxnet_pfc.runtime.files import write_json
         from mxnet_pfc.runtime.run_lock import boot_id
-        write_json(job_record_path(self.output), dict(
+        write_json(self.run_folder.job_record, dict(
             pid=job.pid, started=job.started, host=socket.gethostname(), boot_id=boot_id(),
             ranks=sum(n for _, n in assigned), hosts=[list(a) for a in assigned], launch=self.launch_id))
         return job
@@ -444,7 +376,7 @@ class Supervisor:
     def own_record(self, path: str) -> "dict | None":
         """The record at `path` if the job watched now wrote it (its launch id; any for a run started by hand,
         which cleared older records as it started): never an earlier run's."""
-        record = _read_json(path)
+        record = run_records.read(path)
         return record if record is not None and record.get("launch") == self.launch_id else None
 
     def adopt(self) -> "tuple[Job | HeldOutput, int | None, tuple] | None":
@@ -457,14 +389,14 @@ class Supervisor:
         """
         from mxnet_pfc.runtime import run_lock
         from mxnet_pfc.runtime.run_lock import boot_id
-        holder = run_lock.live_holder(self.output)
-        record = _read_json(job_record_path(self.output)) or {}
+        holder = run_lock.live_holder(self.run_folder.root)
+        record = run_records.read(self.run_folder.job_record) or {}
         ours = (record.get("host") == socket.gethostname() and record.get("boot_id") == boot_id()
                 and isinstance(record.get("pid"), int) and _alive(record["pid"], str(record.get("started")))
                 and _launched_as(record["pid"], str(record.get("launch"))))
         if holder is None and not ours:
             return None
-        _remove(busy_record_path(self.output))        # a refusal recorded before this job is no word of it
+        run_records.clear(self.run_folder.busy_record)        # a refusal recorded before this job is no word of it
         self.earlier_run = None          # the live job is this folder's run now: --start_over has been done
         self.launch_id = record["launch"] if ours else None
         if ours:
@@ -476,16 +408,16 @@ class Supervisor:
             return job, ranks, assigned
         self.event(None, (), f"adopted the running job holding the output ({holder.describe()}): watching its "
                              f"output lock until it ends")
-        return HeldOutput(self.output, holder), None, ()
+        return HeldOutput(self.run_folder.root, holder), None, ()
 
     def run(self) -> int:
         resume = option_value(self.trainer_args, "--resume") is not None
         reason = "start"
         adopted = self.adopt()
-        finished = _read_json(finished_record_path(self.output))
+        finished = run_records.read(self.run_folder.finished_record)
         if adopted is None and not self.start_over and finished is not None:
             if finished.get("length") == self.length:
-                self.event(0, (), f"finished (the run's record {finished_record_path(self.output)}): nothing to "
+                self.event(0, (), f"finished (the run's record {self.run_folder.finished_record}): nothing to "
                                   f"launch")
                 return 0
             reason = (f"the finished run asked to train to --max_update/--num_epoch {self.length}, "
@@ -504,7 +436,7 @@ class Supervisor:
                 assigned = hosts.assign(self.args.max_np)
                 np_ = sum(n for _, n in assigned)
                 fresh = self.earlier_run is not None and os.path.isdir(self.earlier_run)
-                resume = not fresh and (resume or newest_checkpoint(self.output) is not None)
+                resume = not fresh and (resume or newest_checkpoint(self.run_folder) is not None)
                 self.event(np_, assigned, f"launch ({reason})" + (": --resume latest" if resume else ""))
                 job = self.launch(assigned, resume)
             code = self.watch(job, np_, assigned)
@@ -514,14 +446,14 @@ class Supervisor:
                 self.event(np_, assigned, f"interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
                 return 128 + self.interrupted
             status = "exit status unknown: adopted" if code is None else f"exit {code}"
-            stopped = _read_json(stopped_record_path(self.output))
+            stopped = run_records.read(self.run_folder.stopped_record)
             if stopped is not None:
-                reason = f"grow: stopped at {held(self.output)} to take more ranks"
+                reason = f"grow: stopped at {held(self.run_folder)} to take more ranks"
                 continue
-            if self.own_record(finished_record_path(self.output)) is not None:
+            if self.own_record(self.run_folder.finished_record) is not None:
                 self.event(np_, assigned, "finished")
                 return 0
-            busy = self.own_record(busy_record_path(self.output))
+            busy = self.own_record(self.run_folder.busy_record)
             if busy is not None:
                 self.event(np_, assigned, f"the job was refused by the output lock ({busy.get('refused')}): "
                                           f"not a lost rank; watching the run that holds it")
@@ -529,7 +461,7 @@ class Supervisor:
                 if adopted is None:
                     reason = "the run that held the output has ended"
                 continue
-            failure = job_failure(self.output, np_ or self.args.max_np)
+            failure = job_failure(self.run_folder, np_ or self.args.max_np)
             if failure is not None or code == 2:
                 self.event(np_, assigned, f"failed on an error of its own ({status}): "
                                           f"{failure or 'a configuration error'}; not relaunched")
@@ -540,7 +472,7 @@ class Supervisor:
                 return EXIT_GAVE_UP
             self.restarts += 1
             reason = f"restart {self.restarts}/{self.args.max_restarts}: the job lost a rank or host ({status})"
-            wait_for_lock(self.output, timeout=120.0)
+            wait_for_lock(self.run_folder.root, timeout=120.0)
 
     def watch(self, job: "Job | HeldOutput", np_: "int | None", assigned) -> "int | None":
         """Until the job ends (or we are interrupted): ask it to grow when more slots appear. Returns
@@ -554,8 +486,7 @@ class Supervisor:
                 next_look = time.time() + self.args.discovery_interval
                 available = min(self.hosts_now().total, self.args.max_np)
                 if available > np_:
-                    with open(stop_request_path(self.output), "w") as f:
-                        f.write(f"{available}\n")
+                    run_records.request_stop(self.run_folder, available)
                     self.event(np_, assigned, f"{available} slots available: asked the job to stop at its "
                                               f"next checkpoint to relaunch on them")
                     asked = True
@@ -621,7 +552,7 @@ def main(argv=None) -> int:
             return 2
     from mxnet_pfc.runtime import run_lock
     try:       # one supervisor per output folder: two would relaunch over each other
-        lock = run_lock.acquire(os.path.join(cfg.output, "elastic"))
+        lock = run_lock.acquire(RunFolder(cfg.output).elastic)
     except run_lock.OutputBusyError as error:
         print(f"mxnet_pfc.elastic: another supervisor runs on this output: {error}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 
 from mxnet_pfc.runtime import comm, stops
 from mxnet_pfc.runtime.logs import ROOT_LOGGER
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger(ROOT_LOGGER)
 
@@ -51,13 +52,13 @@ LIBRARIES = tuple(os.path.dirname(spec.origin) + os.sep for spec in map(importli
 _state = {"timeout": 0.0, "marked": 0.0, "live": 0.0, "working": None}
 
 
-def start(logs_folder: str, timeout: float) -> None:
+def start(run: RunFolder, timeout: float) -> None:
     """Watch this rank from now on (after stops.start: records go to its logs folder); timeout 0: off."""
     if timeout <= 0:
         return
     now = time.monotonic()
     _state.update(timeout=timeout, marked=now, live=now)
-    watch = _Watch(logs_folder, timeout)
+    watch = _Watch(run, timeout)
     threading.Thread(target=watch.run, daemon=True, name="watchdog").start()
 
 
@@ -133,8 +134,8 @@ def _thread_cpu_ticks(native_id: int) -> "int | None":
 class _Watch:
     """The watchdog thread's own bookkeeping."""
 
-    def __init__(self, logs_folder: str, timeout: float):
-        self.logs, self.timeout = logs_folder, timeout
+    def __init__(self, run: RunFolder, timeout: float):
+        self.run_folder, self.timeout = run, timeout
         self.warn_after, self.beat_every, self.tick = timeout / 4, timeout / 8, min(5.0, timeout / 40)
         self.rank, self.world = comm.rank(), comm.size()
         self.main = threading.main_thread()
@@ -175,8 +176,8 @@ class _Watch:
                 self.warned = False
             if self.recorded:       # waited past the timeout, then the others went on: no stall to report
                 self.recorded = False
-                path = stops._record_path(self.logs, self.rank)
-                if stops.read_records(self.logs, [self.rank]).get(self.rank, "").startswith(stops.WAITED):
+                path = self.run_folder.failure_record(self.rank)
+                if stops.read_records(self.run_folder, [self.rank]).get(self.rank, "").startswith(stops.WAITED):
                     os.remove(path)
             return
         place = f"waiting in collective '{waiting}' at {where(frame)}" if waiting else f"in {where(frame)}"
@@ -194,7 +195,7 @@ class _Watch:
             self.recorded = True
             stops.record_failure(stops.WAITED + f"in collective '{waiting}' for {idle:.0f} s, at {where(frame)} "
                                                 f"(every thread's stack: {self.dump_stacks(idle, place)})")
-        others = stops.read_records(self.logs, (r for r in range(self.world) if r != self.rank))
+        others = stops.read_records(self.run_folder, (r for r in range(self.world) if r != self.rank))
         if any(message.startswith(stops.STALLED) for message in others.values()) \
                 or idle >= self.timeout + self.warn_after:
             self.stop(None)
@@ -204,7 +205,7 @@ class _Watch:
         if live <= self.beat_live or now - self.beat_at < self.beat_every:
             return
         self.beats, self.beat_at, self.beat_live = self.beats + 1, now, live
-        path = stops.progress_path(self.logs, self.rank)
+        path = self.run_folder.progress_record(self.rank)
         try:
             with open(path + ".tmp", "w") as f:
                 f.write(f"{self.beats}\n")
@@ -218,7 +219,7 @@ class _Watch:
             if rank == self.rank:
                 continue
             try:
-                count = open(stops.progress_path(self.logs, rank)).read().strip()
+                count = open(self.run_folder.progress_record(rank)).read().strip()
             except OSError:
                 continue
             before = self.peers.get(rank)
@@ -228,7 +229,7 @@ class _Watch:
 
     def dump_stacks(self, idle: float, place: str) -> str:
         """Every thread's stack to OUTPUT/logs/stacks-rankR.txt (to this rank's log if that fails); its path."""
-        path = stops.stacks_path(self.logs, self.rank)
+        path = self.run_folder.stacks_record(self.rank)
         text = f"rank {self.rank}: no progress for {idle:.0f} s, {place}\n\n{_stacks()}"
         try:
             with open(path, "w") as f:
@@ -241,7 +242,7 @@ class _Watch:
         """Record (unless done), say why on stderr and in the log, and end this rank."""
         if record is not None:
             stops.record_failure(record)
-        records = stops.read_records(self.logs, range(self.world))
+        records = stops.read_records(self.run_folder, range(self.world))
         cause = stops.stall_cause(records) or f"rank {self.rank} made no progress for {self.timeout:g} s"
         message = f"stopping: {cause}; resume with --resume latest"
         os.write(2, f"\nrank {self.rank}: {message}\n".encode())    # on a line of its own (a progress bar)

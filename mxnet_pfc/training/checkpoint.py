@@ -12,8 +12,8 @@ One folder per checkpoint, OUTPUT/checkpoints/ckpt-000007-step-00001000/ (the
     centers-rank00001.npy, momentum-rank00001.npy
                                              each rank's class centers and their momentum,
                                              rows [class_start, class_start + num_local)
-    state.json                               sequence, step, samples seen, epoch, shards, schedule,
-                                             configuration; written last
+    state.json                               sequence, step, samples seen, shards, schedule,
+                                             configuration (State and save); written last
 
 Checkpoints are ordered by the sequence number (the order they were written),
 never by step: a larger global batch (an elastic grow, a larger --batch_size
@@ -43,7 +43,7 @@ import re
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import mxnet as mx
 
@@ -55,16 +55,26 @@ from mxnet_pfc.training.module import named_states
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2            # 2: optimizer-states.params (arrays only); 1: MXNet's pickled optimizer.states
-READABLE_FORMATS = (1, 2)
+# 3: state.json without the fields nobody read (network and seed are the configuration's); 2: optimizer-states.params
+# (arrays only); 1: MXNet's pickled optimizer.states
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
+STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer-states.params"          # MXNet's array format: no code can be in it
 LEGACY_OPTIMIZER_FILE = "optimizer.states"          # format 1: a pickle, read only through _ArraysOnlyUnpickler
 _FOLDER = re.compile(r"^ckpt-(\d{6,})-step-(\d{8,})$")
 _LEGACY_FOLDER = re.compile(r"^step-(\d{8})$")     # format 1 named folders by step alone
 
 
-__all__ = ["CheckpointError", "BackboneSnapshot", "Saved", "take_snapshot", "save", "locate", "read_state",
-           "list_checkpoints", "latest", "check_compatible", "check_params", "load_backbone", "resume_position"]
+__all__ = ["CheckpointError", "BackboneSnapshot", "Saved", "State", "take_snapshot", "save", "locate", "read_state",
+           "is_checkpoint", "list_checkpoints", "latest", "check_compatible", "check_params", "load_backbone",
+           "resume_position"]
+
+
+def is_checkpoint(folder: str) -> bool:
+    """Whether `folder` is a complete checkpoint: state.json is written last, into the folder before it is
+    published."""
+    return os.path.isfile(os.path.join(folder, STATE_FILE))
 
 
 def aux_file(folder: str, rank: int) -> str:
@@ -107,11 +117,11 @@ def _saved(root: str, name: str) -> "Saved | None":
     """The checkpoint in folder `name` of root, or None if it is not a complete one."""
     match, legacy = _FOLDER.match(name), _LEGACY_FOLDER.match(name)
     path = os.path.join(root, name)
-    if not (match or legacy) or not os.path.isfile(os.path.join(path, "state.json")):
+    if not (match or legacy) or not is_checkpoint(path):
         return None
     sequence, step = (int(match.group(1)), int(match.group(2))) if match else (0, int(legacy.group(1)))
     try:
-        with open(os.path.join(path, "state.json")) as f:
+        with open(os.path.join(path, STATE_FILE)) as f:
             state = json.load(f)
         samples, world = samples_seen(state), state["world_size"]
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (samples, world)):
@@ -157,21 +167,48 @@ def locate(root: str, which: str) -> str:
                               f"(the step size changed between them): {'; '.join(c.describe() for c in same)}. "
                               f"Name one: --resume {same[-1].path}")
     for candidate in (which, os.path.join(root, which)):
-        if os.path.isfile(os.path.join(candidate, "state.json")):
+        if is_checkpoint(candidate):
             return candidate
     raise CheckpointError(f"--resume {which}: not a complete checkpoint folder (no state.json)")
 
 
+@dataclass(frozen=True)
+class State:
+    """The run's part of a checkpoint's state.json, which the trainer gives to `save`: where the run stands
+    in its data and schedule, and how it was configured. `save` adds the checkpoint's own fields (format,
+    sequence, step, world_size, num_classes, embedding_size, shards, saved_at) and writes the file once,
+    last; `read_state` reads and checks it. docs/DESIGN.md section 5.1 lists every field and its readers."""
+    steps_per_epoch: int
+    global_batch: int
+    max_update: int            # the plan's length in steps of this global batch
+    samples_seen: int          # over the run's whole history (resumes on other world sizes included)
+    num_images: int
+    best: dict                 # the best verification figures so far
+    config: dict               # Config.to_dict(): network, seed, the max_update asked for ...
+
+
 _STATE_FIELDS = {        # field: (type, smallest value) of what a resume reads from state.json
     "step": (int, 0), "world_size": (int, 1), "num_classes": (int, 1), "embedding_size": (int, 1),
-    "global_batch": (int, 1), "steps_per_epoch": (int, 1), "max_update": (int, 1), "network": (str, None),
-    "shards": (list, None), "config": (dict, None),
+    "global_batch": (int, 1), "steps_per_epoch": (int, 1), "max_update": (int, 1), "shards": (list, None),
+    "config": (dict, None), "config.network": (str, None),
 }
 
 
+def _field(state: dict, name: str):
+    """The value of field `name` ('config.network': a field of a field), None when missing."""
+    value = state
+    for key in name.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def read_state(path: str) -> dict:
-    """state.json of the checkpoint in `path`, its fields checked: a message names a missing or wrong one."""
-    file = os.path.join(path, "state.json")
+    """state.json of the checkpoint in `path`, its fields checked: a message names a missing or wrong one.
+
+    Checkpoints of formats 1 and 2 hold fields nobody reads (network and seed beside the configuration's,
+    epoch, next_lr, data): they are left alone.
+    """
+    file = os.path.join(path, STATE_FILE)
     try:
         with open(file) as f:
             state = json.load(f)
@@ -184,7 +221,7 @@ def read_state(path: str) -> dict:
                               f"{', '.join(map(str, READABLE_FORMATS))}")
     fields = dict(_STATE_FIELDS, **({"samples_seen": (int, 0)} if "samples_seen" in state else {}))
     for name, (kind, least) in fields.items():
-        value = state.get(name)
+        value = _field(state, name)
         if not isinstance(value, kind) or isinstance(value, bool) or (least is not None and value < least):
             wanted = kind.__name__ + (f" >= {least}" if least is not None else "")
             raise CheckpointError(f"{file}: field {name!r} is {value!r} (missing or damaged; expected {wanted})")
@@ -206,8 +243,8 @@ def check_compatible(state: dict, path: str, num_classes: int, embedding_size: i
     if state["embedding_size"] != embedding_size:
         problems.append(f"its embedding size is {state['embedding_size']}, the configuration's {embedding_size} "
                         "(embedding_size)")
-    if state["network"] != network:
-        problems.append(f"its network is {state['network']}, the configuration's {network} (network)")
+    if state["config"]["network"] != network:
+        problems.append(f"its network is {state['config']['network']}, the configuration's {network} (network)")
     if problems:
         raise CheckpointError(f"checkpoint {path} does not fit this run: " + "; ".join(problems))
 
@@ -256,13 +293,13 @@ def take_snapshot(module) -> BackboneSnapshot:
     return BackboneSnapshot(arg_params, aux_params, _average(arg_params, "ckpt.arg"), _average(aux_params, "ckpt.aux"))
 
 
-def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbol, state: dict, keep: int,
+def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbol, state: State, keep: int,
          backbone: "BackboneSnapshot | None" = None) -> str:
     """Write the checkpoint of `step` (all ranks call this together); returns its folder.
 
-    `state` holds the run's own fields (epoch, schedule, configuration ...);
-    shards, world size and format are added here, and state.json is written
-    once, last. `backbone` is the snapshot to save (taken here if not given).
+    `state` holds the run's own fields; the checkpoint's (step, world size,
+    shards, format ...) are added here, and state.json is written once, last.
+    `backbone` is the snapshot to save (taken here if not given).
     Any rank's failure raises on every rank, and the checkpoint is then not
     published: its partial folder is removed.
     """
@@ -309,15 +346,15 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
             if missing:
                 raise CheckpointError(f"rank 0 cannot see {', '.join(missing[:4])} in {tmp}: the output folder "
                                       "must be on a filesystem that every rank shares")
-            write_json(os.path.join(tmp, "state.json"), {
-                **state, "format": FORMAT_VERSION, "sequence": sequence, "step": step, "world_size": world,
+            write_json(os.path.join(tmp, STATE_FILE), {
+                **asdict(state), "format": FORMAT_VERSION, "sequence": sequence, "step": step, "world_size": world,
                 "num_classes": bank.num_classes, "embedding_size": bank.embedding_size,
                 "shards": [[int(a), int(b)] for a, b in shards], "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")})
             os.replace(tmp, final)
             for old in list_checkpoints(root)[:-keep] if keep > 0 else []:     # never the one just written
                 shutil.rmtree(old.path, ignore_errors=True)
     log.info(f"checkpoint {final} written in {time.time() - started:.1f} s "
-             f"({state.get('samples_seen', 0):,} samples seen, step {step} on {world} rank(s))")
+             f"({state.samples_seen:,} samples seen, step {step} on {world} rank(s))")
     return final
 
 
@@ -393,7 +430,8 @@ class _LegacyArray:
         self.raw = None
 
     def __setstate__(self, state):
-        if not (isinstance(state, dict) and set(state) == {"handle"} and isinstance(state["handle"], (bytes, bytearray))):
+        if not (isinstance(state, dict) and set(state) == {"handle"}
+                and isinstance(state["handle"], (bytes, bytearray))):
             raise pickle.UnpicklingError("an NDArray state that is not its bytes")
         self.raw = bytearray(state["handle"])       # MXNet reads it through a writable ctypes buffer
 

@@ -13,6 +13,7 @@ import os
 import time
 
 from mxnet_pfc.runtime.files import atomic_path
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +30,11 @@ class MetricsLog:
     records that have it are then dropped by it (beyond `saved_samples`).
     """
 
-    def __init__(self, output: str, tensorboard: bool, start_step: int = 0, saved_step: "int | None" = None,
+    def __init__(self, run: RunFolder, tensorboard: bool, start_step: int = 0, saved_step: "int | None" = None,
                  samples_of=None, saved_samples: "int | None" = None):
         """start_step: the first step this run trains is start_step + 1; saved_step: the checkpoint's
         step in its own run's numbering (they differ when resuming on another global batch)."""
-        self.path = os.path.join(output, "metrics.jsonl")
+        self.path = run.metrics
         self._samples_of = samples_of
         self._keep_until(start_step if saved_step is None else saved_step, saved_samples)
         self._file = open(self.path, "a")
@@ -42,7 +43,7 @@ class MetricsLog:
             try:
                 from mxboard import SummaryWriter
                 from mxboard.proto.event_pb2 import Event, SessionLog
-                self._board = SummaryWriter(logdir=os.path.join(output, "tensorboard"))
+                self._board = SummaryWriter(logdir=run.tensorboard)
                 self._board._file_writer.add_event(Event(wall_time=time.time(), step=start_step + 1,
                                                          session_log=SessionLog(status=SessionLog.START)))
             except Exception as error:     # mxboard is optional for training

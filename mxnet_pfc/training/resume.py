@@ -9,11 +9,11 @@ See docs/DESIGN.md section 5.3.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import mxnet as mx
 
+from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint
 from mxnet_pfc.training.checkpoint import CheckpointError
 
@@ -33,7 +33,7 @@ class Resume:
 def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int, global_batch: int,
          num_images: int) -> Resume:
     """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes."""
-    path = checkpoint.locate(os.path.join(cfg.output, "checkpoints"), cfg.resume)
+    path = checkpoint.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
     state = checkpoint.read_state(path)
     checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network)
     arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
@@ -53,14 +53,15 @@ def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_ep
     changes = []
     saved_images = state.get("num_images")
     within = state["step"] % state["steps_per_epoch"]
-    if state.get("seed", seed) != seed:
+    saved_seed = state["config"].get("seed", seed)
+    if saved_seed != seed:
         if within:
             raise CheckpointError(
-                f"--seed {seed}: checkpoint {path} was trained with --seed {state['seed']}, {within} steps into an "
+                f"--seed {seed}: checkpoint {path} was trained with --seed {saved_seed}, {within} steps into an "
                 f"epoch; the seed orders the images of each epoch, so another one would show the rest of this "
-                f"epoch's images twice or never. Resume with --seed {state['seed']}, or from a checkpoint at the "
+                f"epoch's images twice or never. Resume with --seed {saved_seed}, or from a checkpoint at the "
                 f"end of an epoch")
-        changes.append(f"seed {state['seed']} -> {seed}: the epochs from here are ordered (and negatives drawn) "
+        changes.append(f"seed {saved_seed} -> {seed}: the epochs from here are ordered (and negatives drawn) "
                        f"by the new seed")
     if state["world_size"] != world:
         changes.append(f"ranks {state['world_size']} -> {world}: centers and momentum re-sharded, the averaged "

@@ -26,7 +26,7 @@ from tqdm import tqdm
 import symbols
 
 from mxnet_pfc.training import checkpoint, output_folder
-from mxnet_pfc.runtime import comm, device, supervisor, logs, run_lock, seeding, stops, watchdog
+from mxnet_pfc.runtime import comm, device, logs, run_lock, run_records, seeding, stops, watchdog
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
 from mxnet_pfc.data import folders, synthetic
@@ -34,6 +34,7 @@ from mxnet_pfc.data.iterators import DummyIter, FolderIter, RecordIter, steps_in
 from mxnet_pfc.eval.during_training import TrainingEvaluation
 from mxnet_pfc.models.export import export_model
 from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.models.inference import float32_params, inference_symbol
 from mxnet_pfc.training.lr_schedule import LRSchedule
 from mxnet_pfc.head.margin import CombinedMarginLoss
@@ -117,20 +118,19 @@ def claim_output(cfg: config_lib.Config, rank: int):
     checkpoints, is refused here, on every rank, having written nothing.
     """
     lock, note = None, ""
-    output = cfg.output
+    run = RunFolder(cfg.output)
     try:
         with comm.fail_together("starting the run"):
             if rank == 0:
                 try:
-                    lock = run_lock.acquire(output)
+                    lock = run_lock.acquire(run.root)
                 except run_lock.OutputBusyError as error:
-                    supervisor.record_busy(output, str(error))     # a refusal, not a lost rank, to a supervisor
+                    run_records.record_busy(run, str(error))     # a refusal, not a lost rank, to a supervisor
                     raise
-                note = output_folder.prepare(output, cfg.resume, cfg.start_over)
-                os.makedirs(os.path.join(output, "logs"), exist_ok=True)
-                stops.clear_records(os.path.join(output, "logs"))
-                if os.path.exists(supervisor.finished_record_path(output)):        # an earlier run's word
-                    os.remove(supervisor.finished_record_path(output))
+                note = output_folder.prepare(run, cfg.resume, cfg.start_over)
+                os.makedirs(run.logs, exist_ok=True)
+                stops.clear_records(run)
+                run_records.clear(run.finished_record)        # an earlier run's word
     except BaseException:
         if lock is not None:
             lock.release()
@@ -143,10 +143,11 @@ def train(cfg: config_lib.Config) -> dict:
     comm.init()
     rank, world = comm.rank(), comm.size()
     lock, earlier_run = claim_output(cfg, rank)
+    run = RunFolder(cfg.output)
     try:
-        log_path = logs.setup(cfg.output, rank)
-        stops.start(os.path.join(cfg.output, "logs"))
-        watchdog.start(os.path.join(cfg.output, "logs"), cfg.stall_timeout)
+        log_path = logs.setup(run, rank)
+        stops.start(run)
+        watchdog.start(run, cfg.stall_timeout)
         if rank == 0 and lock.took_over:
             log.info(f"took over the output folder from a run that is gone ({lock.took_over})")
         if earlier_run:
@@ -156,8 +157,8 @@ def train(cfg: config_lib.Config) -> dict:
         cfg, plan, resume = setup.cfg, setup.plan, setup.resume
         with comm.fail_together("writing config.json"):
             if rank == 0:
-                config_lib.save(cfg, os.path.join(cfg.output, "config.json"))
-                log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {cfg.output}/config.json):\n"
+                config_lib.save(cfg, run.config)
+                log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {run.config}):\n"
                          + config_lib.describe(cfg))
         start_step = resume.step if resume is not None else 0
         seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
@@ -185,6 +186,7 @@ class Trainer:
                  start_step: int):
         self.setup, self.cfg, self.plan = setup, setup.cfg, setup.plan
         self.head, self.module, self.rank, self.world = head, module, rank, world
+        self.run_folder = RunFolder(self.cfg.output)
         self.best = dict(setup.resume.state.get("best", {})) if setup.resume else {}
         self.metrics = None
         self.start_step = start_step        # the first step this run trains is start_step + 1
@@ -201,7 +203,7 @@ class Trainer:
         resume, start_step = self.setup.resume, self.start_step
         with comm.fail_together("opening the metrics"):
             if self.rank == 0:
-                self.metrics = MetricsLog(cfg.output, cfg.tensorboard, start_step,
+                self.metrics = MetricsLog(self.run_folder, cfg.tensorboard, start_step,
                                           resume.state["step"] if resume else None, samples_of=self.samples_seen,
                                           saved_samples=self.samples_at_start if resume else None)
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
@@ -252,14 +254,13 @@ class Trainer:
     def stop_requested(self) -> bool:
         """Whether the elastic supervisor asked this run to stop at this checkpoint (rank 0 looks, every
         rank follows: a collective)."""
-        asked = self.rank == 0 and os.path.exists(supervisor.stop_request_path(self.cfg.output))
+        asked = self.rank == 0 and run_records.stop_requested(self.run_folder)
         return comm.gather_rows([float(asked)])[0][0] > 0
 
     def stop_at_checkpoint(self, step: int, saved: str) -> dict:
         """End the run after the checkpoint `saved` of `step`, saying so to the supervisor (which relaunches)."""
         if self.rank == 0:
-            write_json(supervisor.stopped_record_path(self.cfg.output), {"step": step, "world_size": self.world})
-            os.remove(supervisor.stop_request_path(self.cfg.output))
+            run_records.record_stopped(self.run_folder, step, self.world)
             log.info(f"stopped at checkpoint {saved} ({self.samples_seen(step):,} samples seen, step {step} on "
                      f"{self.world} rank(s)) on the elastic supervisor's request (it relaunches on more ranks "
                      f"with --resume latest)")
@@ -290,14 +291,11 @@ class Trainer:
     def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
         """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""
         cfg, plan = self.cfg, self.plan
-        state = dict(network=cfg.network, epoch=step // plan.steps_per_epoch,
-                     steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
-                     max_update=plan.max_update, samples_seen=self.samples_seen(step), num_images=plan.num_images,
-                     next_lr=self.setup.schedule(step), seed=cfg.seed, best=self.best,
-                     data=dict(epoch=step // plan.steps_per_epoch, step_in_epoch=step % plan.steps_per_epoch),
-                     config=cfg.to_dict())
+        state = checkpoint.State(steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
+                                 max_update=plan.max_update, samples_seen=self.samples_seen(step),
+                                 num_images=plan.num_images, best=self.best, config=cfg.to_dict())
         with watchdog.working("checkpoint"):
-            return checkpoint.save(os.path.join(cfg.output, "checkpoints"), step, module=self.module,
+            return checkpoint.save(self.run_folder.checkpoints, step, module=self.module,
                                    bank=self.head.bank, symbol=self.setup.symbol, state=state,
                                    keep=cfg.keep_checkpoints, backbone=backbone)
 
@@ -308,12 +306,12 @@ class Trainer:
         so its figures and thresholds describe that file.
         """
         cfg = self.cfg
-        prefix = os.path.join(cfg.output, "model")
+        prefix = self.run_folder.model
         symbol = inference_symbol(cfg.network, cfg.embedding_size)
         params = float32_params(symbol, backbone.average_arg, backbone.average_aux, "the rank-averaged backbone")
         export_model(prefix, symbol, *params)
         results = self.verify(self.plan.max_update, params)
-        write_json(prefix + "-verification.json", results)
+        write_json(self.run_folder.verification, results)
         return prefix, results
 
     def finish(self, loss: float, started: float) -> dict:
@@ -350,10 +348,9 @@ class Trainer:
         mx.nd.waitall()
         comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 writes
         if self.rank == 0:      # the run's own word that it ended normally, for a supervisor (runtime/supervisor.py)
-            write_json(supervisor.finished_record_path(self.cfg.output),
-                       dict(steps=self.plan.max_update, samples_seen=self.samples_seen(self.plan.max_update),
-                            world_size=self.world, checkpoint=last, launch=supervisor.launch_id(),
-                            length=[self.cfg.max_update, self.cfg.num_epoch]))
+            run_records.record_finished(self.run_folder, steps=self.plan.max_update,
+                                        samples_seen=self.samples_seen(self.plan.max_update), world_size=self.world,
+                                        checkpoint=last, length=[self.cfg.max_update, self.cfg.num_epoch])
         return summary
 
 

@@ -1,0 +1,130 @@
+"""Every path under a run's output folder, OUTPUT: the one place that names them.
+
+Old runs, the elastic supervisor and the tests depend on these names and
+places: change none. Plain paths (no MXNet), so that every layer may import
+it. Folders inside OUTPUT/checkpoints are checkpoint.py's to name; the lock
+file of a held folder is run_lock.py's. See docs/DESIGN.md sections 5 and 6.5.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MODEL = "model"          # OUTPUT/model: the prefix of the model for inference the trainer exports
+# what the trainer (model-symbol.json, -0000.params, -verification.json) and the export command
+# (.onnx, -onnx-check.json) write for that prefix
+MODEL_SUFFIXES = ("-symbol.json", "-0000.params", "-verification.json", ".onnx", "-onnx-check.json")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The output folder of one run, OUTPUT, and the paths in it."""
+    root: str
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    # -- what a run writes (--start_over moves all of it aside: run_files)
+    @property
+    def checkpoints(self) -> str:
+        return self._path("checkpoints")
+
+    @property
+    def logs(self) -> str:
+        return self._path("logs")
+
+    @property
+    def metrics(self) -> str:
+        return self._path("metrics.jsonl")
+
+    @property
+    def tensorboard(self) -> str:
+        return self._path("tensorboard")
+
+    @property
+    def config(self) -> str:
+        return self._path("config.json")
+
+    @property
+    def model(self) -> str:
+        """The prefix of the exported model (MXNet's PREFIX-symbol.json + PREFIX-0000.params)."""
+        return self._path(MODEL)
+
+    @property
+    def verification(self) -> str:
+        """The final verification of the exported model."""
+        return self.model + "-verification.json"
+
+    def run_files(self) -> "tuple[str, ...]":
+        """Every path a run writes into OUTPUT: what --start_over moves aside together. The run lock, the
+        elastic supervisor's files and the image index (a cache of the data) are not among them."""
+        return (self.checkpoints, self.logs, self.metrics, self.tensorboard, self.config,
+                *(self.model + suffix for suffix in MODEL_SUFFIXES))
+
+    @property
+    def earlier_runs(self) -> str:
+        """Where --start_over moves an earlier run (OUTPUT/earlier-runs/TIME/)."""
+        return self._path("earlier-runs")
+
+    # -- OUTPUT/logs: each rank's log and records (runtime/logs.py, stops.py, watchdog.py)
+    def log_file(self, rank: int) -> str:
+        return self._path("logs", f"rank{rank}.log")
+
+    def failure_record(self, rank: "int | str") -> str:
+        """Why a rank stopped (stops.py); rank '*' makes a glob pattern of every rank's."""
+        return self._path("logs", f"failed-rank{rank}.txt")
+
+    def crash_record(self, rank: "int | str") -> str:
+        """faulthandler's dump of a rank that crashed inside MXNet or Horovod."""
+        return self._path("logs", f"crash-rank{rank}.txt")
+
+    def stacks_record(self, rank: "int | str") -> str:
+        """The watchdog's dump of every thread's stack of a rank that made no progress."""
+        return self._path("logs", f"stacks-rank{rank}.txt")
+
+    def progress_record(self, rank: "int | str") -> str:
+        """A rank's progress count, which the watchdogs of ranks waiting in a collective read."""
+        return self._path("logs", f"progress-rank{rank}.txt")
+
+    @property
+    def finished_record(self) -> str:
+        """The run's own word that it ended normally (runtime/run_records.py)."""
+        return self._path("logs", "finished.json")
+
+    # -- the elastic supervisor's (runtime/supervisor.py; the protocol with the trainer: run_records.py)
+    @property
+    def elastic(self) -> str:
+        """OUTPUT/elastic: the supervisor's folder (it holds the supervisor's run lock too)."""
+        return self._path("elastic")
+
+    @property
+    def stop_request(self) -> str:
+        """Its presence asks the running trainer to stop after its next periodic checkpoint."""
+        return self._path("elastic", "stop-at-checkpoint")
+
+    @property
+    def stopped_record(self) -> str:
+        """The trainer's word that it stopped at a checkpoint on request (JSON: step, world size)."""
+        return self._path("elastic", "stopped-at-checkpoint.json")
+
+    @property
+    def busy_record(self) -> str:
+        """The trainer's word that the output lock refused it (JSON: the holder, the launch id)."""
+        return self._path("elastic", "output-busy.json")
+
+    @property
+    def job_record(self) -> str:
+        """The supervisor's record of the job it launched, for a supervisor that adopts it."""
+        return self._path("elastic", "job.json")
+
+    @property
+    def timeline(self) -> str:
+        """Every change of the elastic job's world, one line each."""
+        return self._path("elastic-timeline.tsv")
+
+    @classmethod
+    def holding(cls, checkpoint_folder: str) -> "RunFolder | None":
+        """The run folder whose checkpoints folder holds `checkpoint_folder`, or None."""
+        parent = os.path.dirname(os.path.abspath(checkpoint_folder))
+        run = cls(os.path.dirname(parent))
+        return run if run.checkpoints == parent else None
