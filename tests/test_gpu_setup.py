@@ -320,8 +320,8 @@ def test_wheel_ships_the_packages_the_kernel_source_and_the_commands(tmp_path):
 
 def test_installed_package_imports_without_pythonpath(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", "import mxnet_pfc, mxnet_pfc.head.kernels, symbols; "
-                           "print(mxnet_pfc.head.kernels.SOURCE.is_file(), symbols.names())"],
+    proc = subprocess.run([sys.executable, "-c", "import mxnet_pfc, mxnet_pfc.head.kernels.build, symbols; "
+                           "print(mxnet_pfc.head.kernels.build.SOURCE.is_file(), symbols.names())"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("True ") and "r18-lite" in proc.stdout

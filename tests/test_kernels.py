@@ -6,31 +6,32 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from launch import REPO, rank_env
-from mxnet_pfc.head import kernels
+from launch import REPO, rank_env, run_ranks
+from mxnet_pfc.head.kernels import build
+from mxnet_pfc.head.kernels.ops import FusedOps, HeadOps, MXNetOps
 
 nd = mx.nd
 
 
 def test_library_path_depends_on_source_and_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("MXNET_PFC_CACHE", str(tmp_path))
-    path = kernels.library_path()
+    path = build.library_path()
     assert path.parent == tmp_path and path.name.startswith("libpfc_kernels-")
-    monkeypatch.setattr(kernels, "_cpu_signature", lambda: "another cpu")
-    assert kernels.library_path() != path
+    monkeypatch.setattr(build, "_cpu_signature", lambda: "another cpu")
+    assert build.library_path() != path
 
 
 def test_build_is_atomic_and_cached(tmp_path):
-    path = kernels.build(tmp_path / "lib.so")
+    path = build.build(tmp_path / "lib.so")
     assert path.exists() and not list(tmp_path.glob("tmp*.so"))
     mtime = path.stat().st_mtime
-    assert kernels.build(path) == path and path.stat().st_mtime == mtime
+    assert build.build(path) == path and path.stat().st_mtime == mtime
 
 
 def test_missing_compiler_falls_back_to_mxnet_ops(tmp_path):
     """No g++: a warning and the MXNet-op path, never a crash."""
     code = ("import logging; logging.basicConfig(); import mxnet as mx; "
-            "from mxnet_pfc.head.kernels import head_ops; print('OPS', head_ops(mx.cpu()).name)")
+            "from mxnet_pfc.head.kernels.ops import head_ops; print('OPS', head_ops(mx.cpu()).name)")
     env = {**rank_env(), "MXNET_PFC_CACHE": str(tmp_path), "CXX": "no-such-compiler"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -39,7 +40,7 @@ def test_missing_compiler_falls_back_to_mxnet_ops(tmp_path):
 
 
 def test_disabled_by_environment():
-    code = "import mxnet as mx; from mxnet_pfc.head.kernels import head_ops; print('OPS', head_ops(mx.cpu()).name)"
+    code = "import mxnet as mx; from mxnet_pfc.head.kernels.ops import head_ops; print('OPS', head_ops(mx.cpu()).name)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**rank_env(), "MXNET_PFC_KERNELS": "0"},
                           capture_output=True, text=True, timeout=120)
     assert "OPS mxnet" in proc.stdout, proc.stderr[-2000:]
@@ -47,8 +48,91 @@ def test_disabled_by_environment():
 
 @pytest.fixture(scope="module")
 def both():
-    assert kernels.load_fused(), "the fused kernels should build on this machine"
-    return kernels.FusedOps(), kernels.MXNetOps()
+    assert build.load_fused(), "the fused kernels should build on this machine"
+    return FusedOps(), MXNetOps()
+
+
+def test_fused_kernels_load_in_a_multi_rank_run():
+    """comm.init() called before the head is built (as the trainer does) still loads the kernels before
+    Horovod starts: the head hands comm its loader when imported (kernels/build.py)."""
+    code = ("from mxnet_pfc.runtime import comm; from mxnet_pfc.head.margin import CombinedMarginLoss; "
+            "from mxnet_pfc.head.partial_fc import PartialFC; "
+            "comm.init(); pfc = PartialFC(CombinedMarginLoss(), 8, 4); "
+            "print(f'RANK {comm.rank()} OF {comm.size()} OPS {pfc.ops.name}', flush=True); comm.shutdown()")
+    proc = run_ranks(2, ["-c", code], timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "RANK 0 OF 2 OPS fused" in proc.stdout and "RANK 1 OF 2 OPS fused" in proc.stdout, proc.stdout[-3000:]
+
+
+def kernel_inputs(full: bool):
+    """A small step's inputs as NumPy arrays: N rows, S of R centers of size D sampled (every one when full)."""
+    rng = np.random.default_rng(4)
+    N, D, R = 6, 5, 20
+    index = np.arange(R) if full else np.sort(rng.choice(R, 9, replace=False))
+    S = index.shape[0]
+    return dict(weight=rng.normal(size=(R, D)), mom=0.01 * rng.normal(size=(R, D)), xh=rng.normal(size=(N, D)),
+                index=index.astype(np.int32), target=rng.integers(0, S, N).astype(np.int32),
+                mask=(rng.random(N) < 0.7).astype(np.float32), logits=rng.uniform(-1, 1, size=(N, S)),
+                coef=0.1 * rng.normal(size=S), center_grad=rng.normal(size=(S, D)),
+                step_grad=0.01 * rng.normal(size=(N, S)), target_grad=rng.normal(size=N))
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["some-rows", "every-row"])
+def test_both_implementations_keep_the_interfaces_in_place_contract(both, full):
+    """HeadOps' docstrings, checked on each implementation: what is written in place, what is returned, what
+    stays. grad of sgd_rows is scratch (either may overwrite it); both update exactly the rows of index."""
+    from mxnet_pfc import CombinedMarginLoss
+
+    a = {k: v if v.dtype == np.int32 else v.astype(np.float32) for k, v in kernel_inputs(full).items()}
+    R, S = a["weight"].shape[0], a["index"].shape[0]
+    others = np.setdiff1d(np.arange(R), a["index"])
+    margin = CombinedMarginLoss.from_name("arcface", s=30.0)
+    updated = []
+    for impl in both:
+        assert isinstance(impl, HeadOps)
+        arr = {k: nd.array(v, dtype=v.dtype) for k, v in a.items()}
+        read_only = {k: arr[k] for k in ("xh", "index", "target", "mask", "coef", "target_grad", "step_grad")}
+
+        inv = impl.inv_norm(arr["weight"])
+        np.testing.assert_allclose(inv.asnumpy(), 1 / np.linalg.norm(a["weight"], axis=1), rtol=1e-5)
+        out = nd.zeros((a["xh"].shape[0], S))
+        cosw, inv_rows = impl.logits(arr["xh"], arr["weight"], arr["index"], out)
+        assert cosw is out, impl.name                           # written into out
+        np.testing.assert_allclose(out.asnumpy(), a["xh"] @ a["weight"][a["index"]].T, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(inv_rows.asnumpy(), inv.asnumpy()[a["index"]], rtol=1e-6)
+
+        logits, col_scale = arr["logits"], 30.0 * inv_rows
+        scaled, lse, f_t, df_t = impl.scale_lse(logits, col_scale, arr["target"], arr["mask"], margin)
+        assert scaled is logits, impl.name                      # scaled in place
+        np.testing.assert_allclose(logits.asnumpy(), a["logits"] * col_scale.asnumpy()[None], rtol=1e-6)
+        assert (f_t.asnumpy()[a["mask"] == 0] == 0).all() and (df_t.asnumpy()[a["mask"] == 0] == 0).all()
+
+        grad, b = impl.softmax_grad(logits, lse, inv_rows, arr["target"], arr["mask"], arr["target_grad"], 30.0,
+                                    a["xh"].shape[0])
+        rows = np.flatnonzero(a["mask"])
+        np.testing.assert_array_equal(grad.asnumpy()[rows, a["target"][rows]], a["target_grad"][rows])
+        assert b.shape == (S,)
+
+        weight, mom = arr["weight"], arr["mom"]
+        assert impl.sgd_rows(weight, mom, arr["center_grad"], arr["coef"], arr["index"], 0.1, 0.9, 5e-4) is None
+        w0 = a["weight"][a["index"]].astype(np.float64)
+        step = 0.9 * a["mom"][a["index"]] - 0.1 * (a["center_grad"] - a["coef"][:, None] * w0 + 5e-4 * w0)
+        np.testing.assert_allclose(mom.asnumpy()[a["index"]], step, rtol=1e-4, atol=1e-7, err_msg=impl.name)
+        np.testing.assert_allclose(weight.asnumpy()[a["index"]], w0 + step, rtol=1e-5, atol=1e-7, err_msg=impl.name)
+        assert np.array_equal(weight.asnumpy()[others], a["weight"][others]), impl.name
+        assert np.array_equal(mom.asnumpy()[others], a["mom"][others]), impl.name
+
+        before = weight.asnumpy()
+        grad_xh = impl.center_step(arr["step_grad"], arr["xh"], arr["coef"], arr["index"], weight, mom, 0.1, 0.9, 5e-4)
+        np.testing.assert_allclose(grad_xh.asnumpy(), a["step_grad"] @ before[a["index"]], rtol=1e-5, atol=1e-6)
+        assert not np.array_equal(weight.asnumpy()[a["index"]], before[a["index"]]), impl.name
+        assert np.array_equal(weight.asnumpy()[others], a["weight"][others]), impl.name
+        for name, value in read_only.items():                   # only read, by every method
+            np.testing.assert_array_equal(value.asnumpy(), a[name], err_msg=f"{impl.name} wrote {name}")
+        updated.append((weight.asnumpy(), mom.asnumpy()))
+    (w_fused, m_fused), (w_mxnet, m_mxnet) = updated
+    np.testing.assert_allclose(w_fused, w_mxnet, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m_fused, m_mxnet, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("margin", ["arcface", "cosface", "combined"])

@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc.runtime.errors import CheckpointError
-from mxnet_pfc.head.kernels import center_gradients, set_rows
+from mxnet_pfc.head.kernels.ops import HeadOps, center_gradients, set_rows
 from mxnet_pfc.head.sampler import shard_range
 
 nd = mx.nd
@@ -52,7 +52,7 @@ class MemoryBank:
     """
 
     def __init__(self, num_classes: int, embedding_size: int, rank: int, world_size: int, ctx: mx.Context,
-                 ops, lr: float = 0.1, momentum: float = 0.9, wd: float = 5e-4, init_std: float = 0.01):
+                 ops: HeadOps, lr: float = 0.1, momentum: float = 0.9, wd: float = 5e-4, init_std: float = 0.01):
         self.num_classes, self.embedding_size = int(num_classes), int(embedding_size)
         self.rank, self.world_size, self.ctx, self.ops = rank, world_size, ctx, ops
         self.class_start, self.num_local = shard_range(self.num_classes, rank, world_size)
@@ -90,10 +90,10 @@ class MemoryBank:
         if update and not self._holding:
             return self.ops.center_step(grad, xh, radial, index, self.weight, self.weight_mom,
                                         self.lr, self.momentum, self.wd)
-        rows, grad_xh, center_grad = center_gradients(grad, xh, self.weight, index)
+        _, grad_xh, center_grad = center_gradients(grad, xh, self.weight, index)
         if update:
-            index, center_grad, radial, rows = self._take_held(index, center_grad, radial)
-            self.ops.sgd_rows(self.weight, self.weight_mom, center_grad, radial, rows, index,
+            index, center_grad, radial = self._take_held(index, center_grad, radial)
+            self.ops.sgd_rows(self.weight, self.weight_mom, center_grad, radial, index,
                               self.lr, self.momentum, self.wd)
         else:
             self.hold(index, center_grad, radial)
@@ -117,11 +117,11 @@ class MemoryBank:
         self._holding = True
 
     def _take_held(self, index, grad, radial):
-        """(index, grad, radial, rows) of the held micro-batches plus this one; the buffer is cleared."""
+        """(index, grad, radial) of the held micro-batches plus this one; the buffer is cleared."""
         self.hold(index, grad, radial)
         held_grad, held_radial, used = self._held
         index = nd.array(np.flatnonzero(used.asnumpy()), ctx=self.ctx, dtype="int32")    # host sync: once a step
-        taken = nd.take(held_grad, index), nd.take(held_radial, index), nd.take(self.weight, index)
+        taken = nd.take(held_grad, index), nd.take(held_radial, index)
         for total in (held_grad, held_radial, used):       # only the rows used were written
             set_rows(total, index, nd.zeros((index.shape[0], *total.shape[1:]), ctx=self.ctx))
         self._holding = False

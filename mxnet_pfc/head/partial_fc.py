@@ -28,7 +28,7 @@ from mxnet_pfc.runtime import comm, seeding
 from mxnet_pfc.head import exchange
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.head.exchange import PartialFCInputError
-from mxnet_pfc.head.kernels import head_ops
+from mxnet_pfc.head.kernels.ops import head_ops
 from mxnet_pfc.head.margin import CombinedMarginLoss
 from mxnet_pfc.head.memory_bank import MemoryBank
 from mxnet_pfc.head.sampler import CenterSampler, num_sampled_centers, shard_range

@@ -1,4 +1,4 @@
-"""The processes of a run: Horovod (comm, the only importer of horovod), how a
+"""The processes of a run: Horovod (comm, the only importer of horovod in a rank), how a
 failure on one rank ends every rank (stops), the progress watchdog, the output
 folder's lock, seeding, devices, the log, shared errors and file writing, the
 paths under a run's output folder (run_folder) and the records the trainer and the

@@ -1,8 +1,11 @@
 """Every collective call of mxnet-pfc goes through this module.
 
-Horovod is imported here and nowhere else. Without Horovod, or without a
-launcher, the process is a world of one and every collective is the identity,
-so the single-process path is one branch per function, in this file only.
+In a rank, Horovod is imported here and nowhere else. (The one other importer
+is the elastic supervisor, runtime/supervisor.py: it runs outside the ranks and
+without MXNet, and uses horovodrun's own test of which hosts are local.)
+Without Horovod, or without a launcher, the process is a world of one and every
+collective is the identity, so the single-process path is one branch per
+function, in this file only.
 
 Contract: every function below that communicates must be called by all ranks,
 in the same order, with tensors of the same dtype (and, for allreduce and
@@ -17,6 +20,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
+from typing import Callable
 
 import mxnet as mx
 
@@ -39,7 +43,10 @@ FAULT_BOUNDS = {
 
 _hvd = None          # the horovod.mxnet module once initialised with size > 1
 _initialised = False
-_rank, _size, _local_rank, _local_size = 0, 1, 0, 1
+_rank, _size, _local_rank = 0, 1, 0
+# Loaders that init() runs before hvd.init(): MXNet loads a custom-op library safely only before Horovod
+# starts its threads (MXLoadLib after hvd.init() crashes). The head's kernels put theirs here (kernels/build.py).
+_before_horovod: "list[Callable[[], object]]" = []
 # The collective this rank entered last, and when (time.monotonic()): for watchdog.py, which
 # tells a rank waiting in a collective for a stuck peer from the stuck rank itself.
 _entered = {"name": None, "at": 0.0}
@@ -54,16 +61,20 @@ def last_collective() -> "tuple[str | None, float]":
     return _entered["name"], _entered["at"]
 
 
+def run_before_horovod(load: "Callable[[], object]") -> None:
+    """Have init() call `load` before it starts Horovod (a custom-op library's loader: MXNet loads one safely
+    only before Horovod's threads run). A loader registered after init() is never called by it."""
+    _before_horovod.append(load)
+
+
 def init() -> None:
-    """Initialise Horovod if available; safe to call more than once."""
-    global _hvd, _initialised, _rank, _size, _local_rank, _local_size
+    """Initialise Horovod if available, after the loaders of run_before_horovod; safe to call more than once."""
+    global _hvd, _initialised, _rank, _size, _local_rank
     if _initialised:
         return
     _initialised = True
-    # MXNet loads custom-op libraries safely only before Horovod starts its
-    # threads (MXLoadLib after hvd.init() crashes), so the head's kernels go first.
-    from mxnet_pfc.head.kernels import load_fused
-    load_fused()
+    for load in _before_horovod:
+        load()
     try:
         import horovod.mxnet as hvd
     except ImportError:
@@ -72,7 +83,7 @@ def init() -> None:
         os.environ.setdefault(name, value)
     hvd.init()
     _rank, _size = hvd.rank(), hvd.size()
-    _local_rank, _local_size = hvd.local_rank(), hvd.local_size()
+    _local_rank = hvd.local_rank()
     if _size > 1:
         _hvd = hvd
 
@@ -90,11 +101,6 @@ def size() -> int:
 def local_rank() -> int:
     init()
     return _local_rank
-
-
-def local_size() -> int:
-    init()
-    return _local_size
 
 
 def is_distributed() -> bool:

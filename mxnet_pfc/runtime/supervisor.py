@@ -266,7 +266,9 @@ def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
     options = shlex.split(horovodrun_args)
     if not any(o.startswith("--network-interface") for o in options):      # also --network-interfaces
         return options                  # nothing to decide (and no name lookups)
-    from horovod.runner.util.network import filter_local_addresses     # horovodrun's own test of "local"
+    # horovodrun's own test of "local": the one horovod import outside comm (this process is no rank, and
+    # imports no MXNet, which comm would load)
+    from horovod.runner.util.network import filter_local_addresses
     if not filter_local_addresses(hosts):
         for name in ("--network-interface", "--network-interfaces"):
             options = without_option(options, name)

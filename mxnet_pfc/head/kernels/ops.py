@@ -1,0 +1,216 @@
+"""The head's memory-bound steps behind one interface (HeadOps): fused C++ CPU kernels or MXNet ops.
+
+Both implementations are checked against the same float64 reference.
+`head_ops(ctx)` picks the fused kernels for CPU contexts when they build (g++
+and the lib_api.h that ships with mxnet; build.py), and the MXNet op
+compositions otherwise (GPU contexts, no compiler, or MXNET_PFC_KERNELS=0).
+
+docs/DESIGN.md sections 2.3-2.6 give the math each step computes, 2.9 the NaN handling.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import mxnet as mx
+import numpy as np
+
+from mxnet_pfc.head.kernels.build import load_fused
+
+nd = mx.nd
+
+
+class HeadOps(ABC):
+    """The memory-bound steps of one head step, as both implementations do them.
+
+    Arrays are float32 NDArrays on one context (index and target int32). Each
+    method says what it writes in place and what it returns; an argument it
+    does not name is only read. `index` is sorted and unique (the sampler's).
+    """
+
+    name: str
+
+    @abstractmethod
+    def inv_norm(self, weight):
+        """Returns 1 / |weight[r]| for every row r (R,)."""
+
+    @abstractmethod
+    def logits(self, xh, weight, index, out):
+        """Writes xh . weight[index]^T (cos * |w|, N x S) into `out`; returns (out, 1 / |weight[index]| (S,))."""
+
+    @abstractmethod
+    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
+        """Scales `logits` (N, S) in place by col_scale (S,) per column; returns (logits, lse, f_t, df_t), each (N,):
+        the row's log-sum-exp with its target entered as the margined f_t, f_t and its derivative df_t (0 on rows
+        whose mask is 0). threshold (scaled units) or None: inter-class filtering (docs/DESIGN.md 2.3, 2.10)."""
+
+    @abstractmethod
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
+        """Returns (grad, b): grad (N, S) = d loss / d cos * inv_norm, the target cells set to target_grad where
+        mask is 1, and b (S,) = sum_i grad[i, j] * cos[i, j] (docs/DESIGN.md 2.5). `logits` is consumed: it may
+        hold grad afterwards (the fused kernel writes it there), so use only the returned grad."""
+
+    @abstractmethod
+    def sgd_rows(self, weight, mom, grad, coef, index, lr, momentum, wd):
+        """Momentum SGD of the rows `index` of weight and mom (R, D), in place; returns None. Row k's gradient is
+        grad[k] - coef[k] * weight[index[k]] (the radial term); other rows stay. `grad` (S, D) is scratch: it may
+        be overwritten (the MXNet ops subtract the radial term there)."""
+
+    @abstractmethod
+    def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
+        """Returns the embeddings' gradient grad . weight[index] (N, D), with the centers before the update, and
+        does sgd_rows with the centers' gradient grad^T . xh (S, D): weight and mom rows `index` change in
+        place. grad (N, S) is the output of softmax_grad."""
+
+
+def head_ops(ctx: mx.Context, fused: "bool | None" = None) -> HeadOps:
+    """FusedOps on CPU when they load (or when fused=True), else MXNetOps."""
+    if fused is None:
+        fused = ctx.device_type == "cpu" and load_fused()
+    elif fused and not (ctx.device_type == "cpu" and load_fused()):
+        raise RuntimeError("fused kernels requested but unavailable for " + str(ctx))
+    return FusedOps() if fused else MXNetOps()
+
+
+def logaddexp(a: nd.NDArray, b: nd.NDArray) -> nd.NDArray:
+    """log(exp(a) + exp(b)) without overflow; either may be -inf (not both)."""
+    top = nd.maximum(a, b)
+    return top + nd.log(nd.exp(a - top) + nd.exp(b - top))
+
+
+def take_rows(weight: nd.NDArray, index: nd.NDArray) -> nd.NDArray:
+    """weight[index]; the array itself (no copy) when index, sorted and unique, holds every row."""
+    return weight if index.shape[0] == weight.shape[0] else nd.take(weight, index)
+
+
+def set_rows(table: nd.NDArray, index: nd.NDArray, values: nd.NDArray) -> None:
+    """table[index] = values in place, along the first axis (for repeated indices one value wins)."""
+    nd._internal._scatter_set_nd(lhs=table, rhs=values, indices=index.reshape((1, -1)), shape=table.shape,
+                                 out=table)
+
+
+def center_gradients(grad: nd.NDArray, xh: nd.NDArray, weight: nd.NDArray, index: nd.NDArray):
+    """(rows, grad . rows, grad^T . xh) for the centers `index` of weight, as MXNet products: the
+    embeddings' gradient and the centers' gradient without its radial term (docs/DESIGN.md section 2.5)."""
+    rows = take_rows(weight, index)
+    return rows, nd.dot(grad, rows), nd.dot(grad, xh, transpose_a=True)
+
+
+def _filtered(logits: nd.NDArray, threshold: float) -> nd.NDArray:
+    """1 where inter-class filtering applies: above the threshold and finite (NaN compares
+    false; +Inf is kept so that the loss check sees it, as in the fused kernels)."""
+    return (logits > threshold) * (logits < np.inf)
+
+
+def _filter_attrs(threshold: "float | None") -> dict:
+    """The kernels' inter-class filter attribute: absent when filtering is off."""
+    return {} if threshold is None else {"threshold": repr(float(threshold))}
+
+
+class FusedOps(HeadOps):
+    """The C++ kernels of pfc_kernels.cc (CPU)."""
+
+    name = "fused"
+
+    def inv_norm(self, weight):
+        return nd.pfc_inv_norm(weight)
+
+    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
+        s, m1, m2, m3 = margin.as_tuple()
+        lse, f_t, df_t = nd.pfc_scale_lse(logits, col_scale, target, mask, s=repr(s), m1=repr(m1), m2=repr(m2),
+                                          m3=repr(m3), **_filter_attrs(threshold))
+        return logits, lse, f_t, df_t
+
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
+        b = nd.pfc_softmax_grad(logits, lse, inv_norm, target, mask, target_grad, s=s, inv_n=1.0 / n,
+                                **_filter_attrs(threshold))
+        return logits, b
+
+    def sgd_rows(self, weight, mom, grad, coef, index, lr, momentum, wd):
+        nd.pfc_sgd_rows(weight, mom, grad, coef, index, lr=lr, momentum=momentum, wd=wd)
+
+    def logits(self, xh, weight, index, out):
+        inv = nd.empty((index.shape[0],), ctx=weight.context)
+        nd.pfc_logits(xh, weight, index, out=[out, inv])
+        return out, inv
+
+    def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
+        return nd.pfc_center_step(grad, xh, coef, index, weight, mom, lr=lr, momentum=momentum, wd=wd)
+
+
+class MXNetOps(HeadOps):
+    """The same steps composed of MXNet operators (any context)."""
+
+    name = "mxnet"
+
+    def __init__(self):
+        self._ones = {}
+
+    def _ones_col(self, n, ctx):
+        if (n, ctx) not in self._ones:
+            self._ones[(n, ctx)] = nd.ones((n, 1), ctx=ctx)
+        return self._ones[(n, ctx)]
+
+    def inv_norm(self, weight):
+        # A gemv with ones is far faster than nd.norm's reduction on CPU.
+        squares = nd.dot(nd.square(weight), self._ones_col(weight.shape[1], weight.context))
+        return 1.0 / nd.sqrt(squares.reshape((-1,)))
+
+    @staticmethod
+    def _set_targets(matrix, target, mask, values):
+        rows = nd.arange(matrix.shape[0], ctx=matrix.context, dtype="int32")
+        values = nd.where(mask, values, nd.pick(matrix, target, axis=1))
+        nd._internal._scatter_set_nd(lhs=matrix, rhs=values, indices=nd.stack(rows, target),
+                                     shape=matrix.shape, out=matrix)
+
+    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
+        logits = nd.broadcast_mul(logits, col_scale.reshape((1, -1)), out=logits)
+        others = logits.copy()
+        if threshold is not None:       # filtered cells enter the sum as logit 0
+            others = nd.where(_filtered(others, threshold), nd.zeros_like(others), others)
+        # The target cells leave the sum as -1e30, not -inf: a row whose only column is its
+        # target (one sampled center) then gets log-sum-exp -1e30, as in the fused kernel,
+        # where -inf would make its max shift inf - inf = NaN.
+        self._set_targets(others, target, mask, nd.full(mask.shape, -1e30, ctx=mask.context))
+        top = nd.max(others, axis=1)
+        lse_others = top + nd.log(nd.sum(nd.exp(nd.broadcast_sub(others, top.reshape((-1, 1)))), axis=1))
+        f_t, df_t = margin.target_logit(nd.pick(logits, target, axis=1) / margin.s)
+        zeros = nd.zeros_like(f_t)
+        f_t, df_t = nd.where(mask, f_t, zeros), nd.where(mask, df_t, zeros)    # rows of other ranks: 0, unused
+        # The target enters the sum as its margined logit; it is never subtracted
+        # from a sum that holds the unmargined one (that loses the other terms).
+        lse = nd.where(mask, logaddexp(lse_others, f_t), lse_others)
+        return logits, lse, f_t, df_t
+
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
+        grad = nd.exp(nd.broadcast_sub(logits, lse.reshape((-1, 1))))
+        grad = nd.broadcast_mul(grad, (s / n * inv_norm).reshape((1, -1)), out=grad)
+        if threshold is not None:       # a filtered cell was a constant 0: no gradient (targets set below)
+            grad = nd.where(_filtered(logits, threshold), nd.zeros_like(grad), grad)
+        self._set_targets(grad, target, mask, target_grad)
+        ones = self._ones_col(logits.shape[0], logits.context)
+        b = nd.dot(grad * logits, ones, transpose_a=True).reshape((-1,)) / s
+        return grad, b
+
+    def logits(self, xh, weight, index, out):
+        rows = take_rows(weight, index)
+        return nd.dot(xh, rows, transpose_b=True, out=out), self.inv_norm(rows)
+
+    def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
+        rows, grad_xh, center_grad = center_gradients(grad, xh, weight, index)
+        self._sgd(weight, mom, center_grad, coef, rows, index, lr, momentum, wd)
+        return grad_xh
+
+    def sgd_rows(self, weight, mom, grad, coef, index, lr, momentum, wd):
+        self._sgd(weight, mom, grad, coef, take_rows(weight, index), index, lr, momentum, wd)
+
+    @staticmethod
+    def _sgd(weight, mom, grad, coef, rows, index, lr, momentum, wd):
+        """sgd_rows with rows = weight[index] already taken (center_step has them)."""
+        grad -= nd.broadcast_mul(rows, coef.reshape((-1, 1)))
+        if index.shape[0] == weight.shape[0]:     # sorted, unique, every row: a dense update
+            nd.sgd_mom_update(weight, grad, mom, lr=lr, momentum=momentum, wd=wd, out=weight)
+        else:
+            sparse = nd.sparse.row_sparse_array((grad, index.astype("int64")), shape=weight.shape,
+                                                ctx=weight.context)
+            nd.sgd_mom_update(weight, sparse, mom, lr=lr, momentum=momentum, wd=wd,
+                              lazy_update=True, out=weight)
