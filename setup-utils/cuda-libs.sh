@@ -3,7 +3,8 @@
 # environment holds, colon-separated: site-packages/nvidia/*/lib. Nothing (and
 # exit 0) when there are none, as in a CPU environment. The MXNet CUDA wheels
 # find libcudart, libcudnn, libnccl ... only through LD_LIBRARY_PATH, which must
-# be set before the process starts; config.sh does that for every rank. By hand:
+# be set before the process starts; every rank gets it from mxnet_pfc/runtime/rank.py
+# (config.sh, the elastic supervisor), which owns the rule. By hand:
 #
 #   LD_LIBRARY_PATH="$(bash setup-utils/cuda-libs.sh .venv/bin/python)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
 #       .venv/bin/python -m mxnet_pfc.verify ...
@@ -11,22 +12,11 @@
 #   bash setup-utils/cuda-libs.sh PYTHON                      (that interpreter's site-packages)
 #   bash setup-utils/cuda-libs.sh --site-packages DIR [DIR...]
 set -euo pipefail
-
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RANK="import sys; from mxnet_pfc.runtime.rank import cuda_library_dirs, site_packages as sites"
+# rank.py needs only the standard library: any python 3 reads it from this checkout.
 if [[ "${1:-}" == "--site-packages" ]]; then
     shift
-    sites=("$@")
-else
-    python="${1:-python3}"
-    # purelib and platlib: the same folder in a venv, two on some distributions
-    mapfile -t sites < <("$python" -c 'import sysconfig; p = sysconfig.get_paths(); print(p["purelib"]); print(p["platlib"])' 2>/dev/null || true)
+    PYTHONPATH="$REPO" exec python3 -c "$RANK; print(':'.join(cuda_library_dirs(sys.argv[1:])))" "$@"
 fi
-
-dirs=()
-for site in "${sites[@]}"; do
-    for lib in "$site"/nvidia/*/lib; do
-        [[ -d "$lib" ]] || continue
-        case ":$(IFS=:; echo "${dirs[*]:-}"):" in *":$lib:"*) continue ;; esac
-        dirs+=("$lib")
-    done
-done
-(IFS=:; echo "${dirs[*]:-}")
+PYTHONPATH="$REPO" exec "${1:-python3}" -c "$RANK; print(':'.join(cuda_library_dirs(sites())))"

@@ -3,8 +3,9 @@
 A stand-in `nvidia-smi` on PATH prints what a real one prints for the GPUs of
 each case (or fails as a real one does without a driver). It drives
 setup-utils/install.sh --dry-run (which installs nothing), the start-time checks
-of mxnet_pfc/runtime/device.py, and config.sh's LD_LIBRARY_PATH on a fake
-site-packages/nvidia tree. None of this ran on a GPU.
+of mxnet_pfc/runtime/device.py, and a rank's LD_LIBRARY_PATH (runtime/rank.py, run by
+config.sh) on a fake site-packages/nvidia tree. None of this ran on a GPU. Also the
+Horovod patch that set-up applies (setup-utils/patch_horovod.py).
 """
 import os
 import subprocess
@@ -16,7 +17,7 @@ import mxnet as mx
 import pytest
 
 from launch import REPO
-from mxnet_pfc.runtime import comm, device
+from mxnet_pfc.runtime import comm, device, rank
 from mxnet_pfc.training.config import ConfigError
 
 H100 = ("NVIDIA H100 80GB HBM3", "9.0")
@@ -273,22 +274,48 @@ def test_cuda_libs_helper_lists_the_lib_folders(tmp_path):
                           check=True).stdout.strip() == ""
 
 
-def test_config_sh_puts_them_on_ld_library_path_and_sets_no_pythonpath(tmp_path):
+def test_rank_environment_threads_settings_and_cuda_libraries(tmp_path):
     site = fake_site_packages(tmp_path)
-    python = tmp_path / "python"             # answers the helper's sysconfig query, then shows the trainer's env
-    python.write_text(f'''#!/bin/bash
-if [ "$1" = "-c" ]; then echo "{site}"; echo "{site}"; exit 0; fi
-echo "ARGS=$*"; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; echo "PYTHONPATH=${{PYTHONPATH-unset}}"
-''')
-    python.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(["bash", str(REPO / "config.sh"), "--", "--max_update", "1"], cwd=tmp_path,
-                         env={**env, "PYTHON": str(python), "LD_LIBRARY_PATH": "/opt/x"},
-                         capture_output=True, text=True, check=True).stdout
     libs = ":".join(str(site / "nvidia" / n / "lib") for n in ("cuda_runtime", "cudnn", "nccl"))
-    assert "ARGS=-m mxnet_pfc.train --max_update 1" in out
-    assert f"LD_LIBRARY_PATH={libs}:/opt/x" in out
-    assert "PYTHONPATH=unset" in out
+    env = rank.rank_environment({"HOROVOD_LOCAL_SIZE": "2", "LD_LIBRARY_PATH": "/opt/x", "MXNET_ENGINE_TYPE": "",
+                                 "HOROVOD_CYCLE_TIME": "5"}, cpus=8, sites=[str(site), str(site)])
+    assert env["LD_LIBRARY_PATH"] == f"{libs}:/opt/x"
+    assert (env["OMP_NUM_THREADS"], env["MXNET_OMP_MAX_THREADS"]) == ("4", "4")     # 8 cores, 2 ranks on the host
+    assert env["MXNET_ENGINE_TYPE"] == "ThreadedEnginePerDevice"                   # empty: none given
+    assert env["HOROVOD_CYCLE_TIME"] == "5"                                         # the user's is kept
+    assert "PYTHONPATH" not in env
+    env = rank.rank_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "16", "OMP_NUM_THREADS": "3"}, cpus=8,
+                                sites=[str(tmp_path / "empty")])
+    assert (env["OMP_NUM_THREADS"], env["MXNET_OMP_MAX_THREADS"]) == ("3", "3")
+    assert "LD_LIBRARY_PATH" not in env
+    assert rank.rank_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "16"}, cpus=8, sites=[])["OMP_NUM_THREADS"] == "1"
+
+
+def test_config_sh_starts_the_trainer_with_the_rank_environment(tmp_path):
+    """config.sh with an interpreter whose site-packages hold the CUDA libraries' folders, rank.py, and a
+    stand-in trainer that prints what it was started with."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    [site] = venv.glob("lib/python*/site-packages")
+    for name in ("cuda_runtime", "cudnn"):
+        (site / "nvidia" / name / "lib").mkdir(parents=True)
+    (site / "mxnet_pfc" / "runtime").mkdir(parents=True)
+    (site / "mxnet_pfc" / "__init__.py").write_text("")
+    (site / "mxnet_pfc" / "runtime" / "__init__.py").write_text("")
+    (site / "mxnet_pfc" / "runtime" / "rank.py").write_bytes((REPO / "mxnet_pfc" / "runtime" / "rank.py").read_bytes())
+    (site / "mxnet_pfc" / "train.py").write_text(
+        "import os, sys\nprint('ARGS=' + ' '.join(sys.argv[1:]))\n"
+        "for name in ('LD_LIBRARY_PATH', 'OMP_NUM_THREADS', 'PYTHONPATH'):\n"
+        "    print(f'{name}={os.environ.get(name, \"unset\")}')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
+    out = subprocess.run(["bash", str(REPO / "config.sh"), "--", "--max_update", "1"], cwd=tmp_path,
+                         env={**env, "PYTHON": str(venv / "bin" / "python"), "LD_LIBRARY_PATH": "/opt/x",
+                              "HOROVOD_LOCAL_SIZE": str(os.cpu_count() * 2)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    libs = ":".join(str(site / "nvidia" / n / "lib") for n in ("cuda_runtime", "cudnn"))
+    assert out.stdout.splitlines() == ["ARGS=--max_update 1", f"LD_LIBRARY_PATH={libs}:/opt/x", "OMP_NUM_THREADS=1",
+                                       "PYTHONPATH=unset"]
 
 
 # ---- the package ----
