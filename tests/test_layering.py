@@ -86,13 +86,11 @@ def test_the_runtime_imports_no_higher_layer():
     assert_none(violations(allowed))
 
 
-@pytest.mark.xfail(strict=False, reason="data imports the head and the pack command: helper 'smallrules' fixes it")
 def test_data_imports_no_higher_layer():
     assert_none(violations(lambda importer, imported: not within(importer, "mxnet_pfc.data") or not within(
         imported, *(f"mxnet_pfc.{layer}" for layer in ("head", "training", "eval", "models")))))
 
 
-@pytest.mark.xfail(strict=False, reason="data -> pack, eval -> ijb command: helper 'smallrules' fixes them")
 def test_no_module_imports_a_command():
     assert_none(violations(lambda importer, imported: imported not in COMMANDS))
 
