@@ -14,9 +14,9 @@ import os
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.runtime.errors import CheckpointError
 from mxnet_pfc.head.kernels.ops import HeadOps, center_gradients, set_rows
 from mxnet_pfc.head.sampler import shard_range
+from mxnet_pfc.runtime.errors import CheckpointError
 
 nd = mx.nd
 

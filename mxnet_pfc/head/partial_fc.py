@@ -24,14 +24,14 @@ import logging
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.runtime import comm, seeding
 from mxnet_pfc.head import exchange
-from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.head.exchange import PartialFCInputError
 from mxnet_pfc.head.kernels.ops import head_ops
 from mxnet_pfc.head.margin import CombinedMarginLoss
 from mxnet_pfc.head.memory_bank import MemoryBank
 from mxnet_pfc.head.sampler import CenterSampler, num_sampled_centers, shard_range
+from mxnet_pfc.runtime import comm, seeding
+from mxnet_pfc.runtime.errors import PfcError
 
 __all__ = ["PartialFC", "PartialFCInputError", "NonFiniteLossError"]
 
