@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.iterators import count_classes
 from mxnet_pfc.data.records import DataError, check_identity_count, decode_image_record, open_records, read_record
+from mxnet_pfc.runtime.errors import exit_status
 
 
 def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]", threads: int = 4,

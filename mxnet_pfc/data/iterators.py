@@ -17,8 +17,15 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc.data.faces import FACE_SIZE
-from mxnet_pfc.data.records import (DataError, check_identity_count, decode_item, open_records, read_property,
-                                    read_record, unpack_image_record)
+from mxnet_pfc.data.records import (
+    DataError,
+    check_identity_count,
+    decode_item,
+    open_records,
+    read_property,
+    read_record,
+    unpack_image_record,
+)
 
 log = logging.getLogger(__name__)
 

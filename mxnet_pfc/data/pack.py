@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 import cv2
 from tqdm import tqdm
 
-from mxnet_pfc.runtime.errors import PfcError, exit_status
 from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_image, fit_size, read_file
 from mxnet_pfc.data.folders import list_identities
 from mxnet_pfc.data.records import DataError, RecordWriter
+from mxnet_pfc.runtime.errors import PfcError, exit_status
 
 log = logging.getLogger(__name__)
 

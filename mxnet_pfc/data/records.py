@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_face
-
+from mxnet_pfc.runtime.errors import PfcError
 
 # RecordIO labels are float32, which names every integer up to 2^24 exactly (not beyond): class ids 0 .. MAX_CLASSES - 1
 MAX_CLASSES = 2 ** (np.finfo(np.float32).nmant + 1)

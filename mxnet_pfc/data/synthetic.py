@@ -27,10 +27,10 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc.runtime.errors import exit_status
-from mxnet_pfc.runtime.files import atomic_path
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.records import DataError, RecordWriter
+from mxnet_pfc.runtime.errors import exit_status
+from mxnet_pfc.runtime.files import atomic_path
 
 log = logging.getLogger(__name__)
 

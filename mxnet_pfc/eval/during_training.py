@@ -8,8 +8,8 @@ import time
 import mxnet as mx
 
 from mxnet_pfc.eval.ijb import IJBSet, headline
-from mxnet_pfc.runtime.logs import ROOT_LOGGER
 from mxnet_pfc.eval.verification import Verifier
+from mxnet_pfc.runtime.logs import ROOT_LOGGER
 
 log = logging.getLogger(ROOT_LOGGER)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_image, read_file
-from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.eval.align import align, landmark_problem
+from mxnet_pfc.runtime.errors import PfcError
 
 GALLERIES = {"ijbc": ("G1", "G2"), "ijbb": ("S1", "S2")}
 

@@ -24,8 +24,8 @@ import numpy as np
 from tqdm import tqdm
 
 from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_face
-from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.models.inference import Embedder
+from mxnet_pfc.runtime.errors import PfcError
 
 
 class BinFormatError(PfcError, ValueError):
