@@ -24,11 +24,11 @@ from tqdm import tqdm
 
 from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_face, read_file
 from mxnet_pfc.data.folders import IMAGE_SUFFIXES, list_identities
+from mxnet_pfc.eval.verification import embed_pairs
+from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
 from mxnet_pfc.runtime.run_folder import RunFolder
-from mxnet_pfc.eval.verification import embed_pairs
-from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 
 
 class EmbedError(PfcError, ValueError):
