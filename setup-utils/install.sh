@@ -173,7 +173,7 @@ expected_stamp() {
 build_kernels() {
     # The fused CPU kernels of the head (compiled once per source, MXNet and CPU;
     # mxnet_pfc would also build them on first use).
-    (cd / && "$VENV/bin/python" -c "from mxnet_pfc.head import kernels; print('[setup] fused kernels:', kernels.build())") \
+    (cd / && "$VENV/bin/python" -c "from mxnet_pfc.head.kernels import build; print('[setup] fused kernels:', build.build())") \
         || echo "[setup] fused kernels did not build; the head will use MXNet ops" >&2
 }
 
