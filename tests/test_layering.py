@@ -95,7 +95,6 @@ def test_no_module_imports_a_command():
     assert_none(violations(lambda importer, imported: imported not in COMMANDS))
 
 
-@pytest.mark.xfail(strict=False, reason="the trainer imports the supervisor: helper 'runfiles' fixes it")
 def test_only_the_elastic_command_imports_the_supervisor():
     assert_none(violations(lambda importer, imported: imported != "mxnet_pfc.runtime.supervisor"
                            or importer == "mxnet_pfc.elastic"))
