@@ -51,9 +51,10 @@ class HeadOps(ABC):
 
     @abstractmethod
     def sgd_rows(self, weight, mom, grad, coef, index, lr, momentum, wd):
-        """Momentum SGD of the rows `index` of weight and mom (R, D), in place; returns None. Row k's gradient is
-        grad[k] - coef[k] * weight[index[k]] (the radial term); other rows stay. `grad` (S, D) is scratch: it may
-        be overwritten (the MXNet ops subtract the radial term there)."""
+        """Momentum SGD of the rows `index` of weight and mom (R, D), in place; returns None. With row k's gradient
+        g = grad[k] - coef[k] * w (the radial term), w = weight[index[k]]: mom = momentum * mom - lr * (g + wd * w),
+        w += mom (docs/DESIGN.md 2.6); other rows stay. `grad` (S, D) is scratch: it may be overwritten (the MXNet
+        ops subtract the radial term there)."""
 
     @abstractmethod
     def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
