@@ -17,10 +17,9 @@ import mxnet as mx
 import numpy as np
 
 import symbols
-
-from mxnet_pfc.training import checkpoint
 from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
 from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.training import checkpoint
 
 
 class ModelError(PfcError, ValueError):

@@ -195,7 +195,7 @@ def other_rank_cause() -> "str | None":
         return failure
     stall = stall_cause(records)
     if stall is not None:
-        from mxnet_pfc.runtime import watchdog          # imported late: watchdog.py records through this module
+        from mxnet_pfc.runtime import watchdog  # imported late: watchdog.py records through this module
         own = watchdog.own_wait()
         return f"{stall}; {own}" if own else stall
     if _state["run"] is not None:

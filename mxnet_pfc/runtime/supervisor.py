@@ -278,7 +278,7 @@ def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
 def job_failure(run: RunFolder, ranks: int) -> "str | None":
     """A failure of the run's own (a failure record that is not a signal or a lost contact), or None:
     a lost rank."""
-    from mxnet_pfc.runtime import stops           # the trainer's record format; imported late (stops imports MXNet)
+    from mxnet_pfc.runtime import stops  # the trainer's record format; imported late (stops imports MXNet)
     return stops.first_failure(stops.read_records(run, range(ranks)))
 
 
@@ -537,7 +537,7 @@ def parse_args(argv=None) -> "tuple[argparse.Namespace, list[str]]":
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s elastic: %(message)s", stream=sys.stderr)
     args, trainer_args = parse_args(argv)
-    from mxnet_pfc.training import config as config_lib      # the trainer's own checks, before any host is used
+    from mxnet_pfc.training import config as config_lib  # the trainer's own checks, before any host is used
     try:
         cfg = config_lib.parse_args(trainer_args)
     except config_lib.ConfigError as error:

@@ -47,10 +47,10 @@ from dataclasses import asdict, dataclass
 
 import mxnet as mx
 
+from mxnet_pfc.head.memory_bank import MemoryBank, shard_files
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.runtime.errors import CheckpointError, load_arrays, load_checkpoint, mxnet_reason
 from mxnet_pfc.runtime.files import write_json
-from mxnet_pfc.head.memory_bank import MemoryBank, shard_files
 from mxnet_pfc.training.module import named_states
 
 log = logging.getLogger(__name__)

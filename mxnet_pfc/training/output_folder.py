@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import time
 
-from mxnet_pfc.training import checkpoint
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.training import checkpoint
 
 
 class OutputHoldsRunError(PfcError, RuntimeError):

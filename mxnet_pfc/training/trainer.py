@@ -24,23 +24,22 @@ import mxnet as mx
 from tqdm import tqdm
 
 import symbols
-
-from mxnet_pfc.training import checkpoint, output_folder
-from mxnet_pfc.runtime import comm, device, logs, run_lock, run_records, seeding, stops, watchdog
-from mxnet_pfc.training import config as config_lib
-from mxnet_pfc.training import resume as resume_lib
 from mxnet_pfc.data import folders, synthetic
 from mxnet_pfc.data.iterators import DummyIter, FolderIter, RecordIter, steps_in_epoch
 from mxnet_pfc.eval.during_training import TrainingEvaluation
+from mxnet_pfc.head.margin import CombinedMarginLoss
+from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 from mxnet_pfc.models.export import export_model
+from mxnet_pfc.models.inference import float32_params, inference_symbol
+from mxnet_pfc.runtime import comm, device, logs, run_lock, run_records, seeding, stops, watchdog
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import RunFolder
-from mxnet_pfc.models.inference import float32_params, inference_symbol
+from mxnet_pfc.training import checkpoint, output_folder
+from mxnet_pfc.training import config as config_lib
+from mxnet_pfc.training import resume as resume_lib
 from mxnet_pfc.training.lr_schedule import LRSchedule
-from mxnet_pfc.head.margin import CombinedMarginLoss
 from mxnet_pfc.training.metrics import MetricsLog, Throughput, format_duration, progress_line
 from mxnet_pfc.training.module import PartialFCModule
-from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 from mxnet_pfc.training.run_plan import RunPlan, global_batch, make_plan, resolve_config
 
 log = logging.getLogger(logs.ROOT_LOGGER)
