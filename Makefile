@@ -5,13 +5,17 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup test run run-head bench bench-train clean-venv
+.PHONY: setup test lint run run-head bench bench-train clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
 
-test: setup                  ## the whole test suite (what .ci/run calls)
+test: setup                  ## the lint, then the whole test suite (what .ci/run calls)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
+
+lint: setup                  ## the lint alone (rules in pyproject.toml)
+	$(VENV)/bin/ruff check .
 
 run: setup                   ## train the built-in default (synthetic set, $(NP) ranks on localhost, CPU)
 	$(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) bash config.sh $(ARGS)

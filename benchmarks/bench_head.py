@@ -24,9 +24,9 @@ import numpy as np
 from tqdm import tqdm
 
 from mxnet_pfc import CombinedMarginLoss, PartialFC
-from mxnet_pfc.runtime import comm
 from mxnet_pfc.head import margin
 from mxnet_pfc.plan import head_memory
+from mxnet_pfc.runtime import comm
 from timing import append_json, synced
 
 nd = mx.nd
@@ -35,7 +35,8 @@ nd = mx.nd
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-classes", type=int, default=100_000, help="identities in all (default 100000)")
-    p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers sampled per step (default 0.1)")
+    p.add_argument("--sample-rate", type=float, default=0.1,
+                   help="fraction of each rank's centers sampled per step (default 0.1)")
     p.add_argument("--embedding-size", type=int, default=512, help="embedding dimension D (default 512)")
     p.add_argument("--batch-size", type=int, default=64, help="embeddings per rank per step (default 64)")
     p.add_argument("--steps", type=int, default=8, help="measured steps; the median is reported (default 8)")

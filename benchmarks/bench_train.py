@@ -47,7 +47,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--network", default="r18-lite", help="backbone, by name in symbols.NETWORKS (default r18-lite)")
     p.add_argument("--num-classes", type=int, default=100_000, help="identities in all (default 100000)")
-    p.add_argument("--sample-rate", type=float, default=0.1, help="share of each rank's centers sampled per step (default 0.1)")
+    p.add_argument("--sample-rate", type=float, default=0.1,
+                   help="share of each rank's centers sampled per step (default 0.1)")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank per micro-batch (default 32)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
     p.add_argument("--rounds", type=int, default=8, help="measured rounds of the four timings (default 8)")

@@ -19,9 +19,9 @@ import sys
 
 import numpy as np
 
+from mxnet_pfc.head.partial_fc import PartialFC
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.training import trainer
-from mxnet_pfc.head.partial_fc import PartialFC
 
 
 def emulate_half_storage(report_every: int) -> None:
@@ -50,7 +50,8 @@ def emulate_half_storage(report_every: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--half", action="store_true", help="emulate float16 centers and momentum")
-    parser.add_argument("--report-every", type=int, default=100, help="steps between dropped-update figures (default 100)")
+    parser.add_argument("--report-every", type=int, default=100,
+                        help="steps between dropped-update figures (default 100)")
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER, help="-- then the trainer's options")
     args = parser.parse_args(argv)
     if args.half:

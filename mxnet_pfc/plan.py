@@ -162,7 +162,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--classes", type=float, default=10e6, help="identities in all (default 1e7; 10e6 is accepted)")
     p.add_argument("--world", type=int, default=8, help="ranks (GPUs) in all (default 8)")
     p.add_argument("--embedding", type=int, default=512, help="embedding size (default 512)")
-    p.add_argument("--sample-rate", type=float, default=0.1, help="fraction of each rank's centers sampled per step (default 0.1)")
+    p.add_argument("--sample-rate", type=float, default=0.1,
+                   help="fraction of each rank's centers sampled per step (default 0.1)")
     p.add_argument("--batch", type=int, default=128, help="images per rank per step, or per micro-batch (default 128)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per step (the trainer's --grad_accum); above 1 the head holds summed "

@@ -18,7 +18,8 @@ def bottleneck(x, expanded, out_channels, stride, residual, name):
 
 def get_symbol(embedding_size=512, dropout=0.0, fp16=False, width_mult=1.0):
     """The embedding symbol of MobileFaceNet for 3x112x112 input."""
-    scale = lambda c: max(8, int(c * width_mult))
+    def scale(c):
+        return max(8, int(c * width_mult))
     x = conv_bn(scaled_input(fp16), scale(64), 3, 2, "conv1")                       # 56x56
     x = conv_bn(x, scale(64), 3, 1, "conv2_dw", groups=scale(64))
     channels = scale(64)

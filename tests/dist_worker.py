@@ -18,8 +18,8 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc import CombinedMarginLoss, PartialFC, PartialFCInputError
-from mxnet_pfc.runtime import comm
 from mxnet_pfc.head.partial_fc import NonFiniteLossError
+from mxnet_pfc.runtime import comm
 
 
 def golden(input_path, out_dir):

@@ -8,10 +8,10 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.training import checkpoint
-from mxnet_pfc.runtime import comm
 from mxnet_pfc.head.margin import CombinedMarginLoss
 from mxnet_pfc.head.partial_fc import PartialFC
+from mxnet_pfc.runtime import comm
+from mxnet_pfc.training import checkpoint
 
 
 def main(folder: str, out: str) -> None:

@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 
+from mxnet_pfc.head.partial_fc import PartialFC
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.training import trainer
-from mxnet_pfc.head.partial_fc import PartialFC
 
 original = PartialFC.forward_backward
 steps = {"done": 0}

@@ -80,7 +80,8 @@ def make_head(num_classes=50, **kw):
 def test_float32_labels_refused_when_they_cannot_be_exact():
     pfc = make_head(num_classes=2 ** 24 + 10, sample_rate=0.001)
     x = mx.nd.ones((2, 8))
-    with pytest.raises(PartialFCInputError, match="float32 labels cannot hold class ids above 2\\^24 = 16777216 exactly"):
+    with pytest.raises(PartialFCInputError,
+                       match="float32 labels cannot hold class ids above 2\\^24 = 16777216 exactly"):
         pfc.forward_backward(x, mx.nd.array([1, 2], dtype="float32"))
     # int64 labels above 2^24 are exact and fine.
     loss, _ = pfc.forward_backward(x, np.array([2 ** 24 + 1, 2 ** 24 + 9], dtype=np.int64))

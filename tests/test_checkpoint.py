@@ -14,12 +14,13 @@ import sys
 import numpy as np
 import pytest
 
-from launch import REFERENCE_RUN as RUN, REPO, ckpt, config_sh, final_summary, losses, run_command, run_ranks, \
-    saved_steps, tiny_synthetic_run
-from mxnet_pfc.training import checkpoint
-from mxnet_pfc.runtime import files
+from launch import REFERENCE_RUN as RUN
+from launch import REPO, ckpt, config_sh, final_summary, losses, run_command, run_ranks, saved_steps, tiny_synthetic_run
 from mxnet_pfc.head import memory_bank
 from mxnet_pfc.head.sampler import shard_range
+from mxnet_pfc.runtime import files
+from mxnet_pfc.training import checkpoint
+
 
 def test_checkpoints_are_written_and_pruned(reference):
     _, run = reference
@@ -91,7 +92,8 @@ def test_trainer_resumes_onto_three_ranks(reference, tmp_path):
     # resumed at step 13 + 2 = 15
     proc = run_command(config_sh(*tiny_synthetic_run(data, resumed, *RUN, "--resume", "24"), ranks=3), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "step 24 on 2 rank(s)) at step 15, epoch 1" in proc.stdout and "ranks 2 -> 3: centers and momentum re-sharded" in proc.stdout
+    assert "step 24 on 2 rank(s)) at step 15, epoch 1" in proc.stdout
+    assert "ranks 2 -> 3: centers and momentum re-sharded" in proc.stdout
     # the run's length is kept in samples too: 30 steps of 16 = 480 samples = 20 steps of 24
     assert "kept in samples" in proc.stdout and sorted(losses(resumed)) == list(range(16, 21))
     final = checkpoint.read_state(ckpt(resumed / "checkpoints", 20))

@@ -7,10 +7,24 @@ import signal
 
 import pytest
 
-from launch import ELASTIC, REFERENCE_RUN, elastic_timeline as timeline, finish_command, frozen, held_samples, \
-    last_logged_step, losses, start_command, tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
-from mxnet_pfc.training import checkpoint
+from launch import (
+    ELASTIC,
+    REFERENCE_RUN,
+    finish_command,
+    frozen,
+    held_samples,
+    last_logged_step,
+    losses,
+    start_command,
+    tiny_synthetic_run,
+    trainer_pid,
+    trainer_processes,
+    wait_until,
+)
+from launch import elastic_timeline as timeline
 from mxnet_pfc.runtime import supervisor
+from mxnet_pfc.training import checkpoint
+
 
 def test_parse_hosts_reads_horovods_format():
     hosts = supervisor.parse_hosts("a:2\nb\n# a comment\n\nc:0\na:3\n", default_slots=4)
@@ -59,7 +73,7 @@ def test_grows_when_slots_appear_and_restarts_after_a_lost_rank(reference, tmp_p
     grown_at = held_samples(grow)
     # the first checkpoint after the request (every 6 steps of 8 samples), whenever the test got to freeze the job
     assert grown_at % 48 == 0 and frozen_at * 8 <= grown_at <= (frozen_at + 12) * 8, (frozen_at, grow)
-    out = kill_rank_1_once(output, proc, lambda newest: newest.world_size == 2, "a checkpoint written on two ranks")
+    kill_rank_1_once(output, proc, lambda newest: newest.world_size == 2, "a checkpoint written on two ranks")
     events = timeline(output)
     assert events[0]["event"] == "launch (start)" and events[0]["ranks"] == "1", events
     restart = next(e for e in events if e["event"].startswith("launch (restart 1/1"))
@@ -194,8 +208,9 @@ def test_a_refusal_by_the_output_lock_is_no_lost_rank(tmp_path):
     out = finish_command(proc, timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, out
     events = [e["event"] for e in timeline(output)]
-    assert events[0] == "launch (start)" and events[1].startswith("the job was refused by the output lock (in use "
-                                                                   "by another run (pid 1 on host elsewhere)): not a lost rank"), events
+    assert events[0] == "launch (start)", events
+    assert events[1].startswith("the job was refused by the output lock (in use by another run "
+                                "(pid 1 on host elsewhere)): not a lost rank"), events
     assert events[2] == "launch (the run that held the output has ended)", events
     assert marked(mark) == []
 
@@ -214,7 +229,7 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
                                               "--frequent", 1, "--verbose", 1000, "--start_over", "true"))
     # any checkpoint of the new run will do (the earlier run's newest holds 480 samples); 42 steps after the
     # first one leave the test time to act on a loaded machine
-    out = kill_rank_1_once(output, proc, lambda newest: newest.samples_seen < 480, "the new run's first checkpoint")
+    kill_rank_1_once(output, proc, lambda newest: newest.samples_seen < 480, "the new run's first checkpoint")
     events = timeline(output)
     launches = [e["event"] for e in events if e["event"].startswith("launch")]
     assert launches[0] == "launch (start)" and "--resume latest" in launches[1], events

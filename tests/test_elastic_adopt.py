@@ -13,8 +13,23 @@ import sys
 import numpy as np
 import pytest
 
-from launch import ELASTIC, REFERENCE_RUN, REPO, elastic_timeline as timeline, finish_command, frozen, losses, \
-    rank_env, run_command, saved_steps, start_command, tiny_synthetic_run, trainer_pid, trainer_processes, wait_until
+from launch import (
+    ELASTIC,
+    REFERENCE_RUN,
+    REPO,
+    finish_command,
+    frozen,
+    losses,
+    rank_env,
+    run_command,
+    saved_steps,
+    start_command,
+    tiny_synthetic_run,
+    trainer_pid,
+    trainer_processes,
+    wait_until,
+)
+from launch import elastic_timeline as timeline
 from mxnet_pfc.runtime.run_folder import RunFolder
 
 # The job waits in its collectives while frozen: a Gloo timeout longer than any freeze here.

@@ -13,8 +13,21 @@ import time
 
 import numpy as np
 
-from launch import (REFERENCE_RUN, ckpt, config_sh, finish_command, last_logged_step, losses, rank_stop_line,
-                    run_command, saved_steps, start_command, tiny_synthetic_run, trainer_pid, wait_until)
+from launch import (
+    REFERENCE_RUN,
+    ckpt,
+    config_sh,
+    finish_command,
+    last_logged_step,
+    losses,
+    rank_stop_line,
+    run_command,
+    saved_steps,
+    start_command,
+    tiny_synthetic_run,
+    trainer_pid,
+    wait_until,
+)
 from mxnet_pfc.training import checkpoint
 
 # A dead process closes its sockets and the launcher ends the job at once (measured

@@ -332,7 +332,8 @@ def test_wheel_ships_the_packages_the_kernel_source_and_the_commands(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [wheel] = (tmp_path / "dist").glob("mxnet_pfc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("mxnet_pfc/head/kernels/pfc_kernels.cc", "mxnet_pfc/head/kernels/__init__.py", "mxnet_pfc/runtime/device.py",
+    for name in ("mxnet_pfc/head/kernels/pfc_kernels.cc", "mxnet_pfc/head/kernels/__init__.py",
+                 "mxnet_pfc/runtime/device.py",
                  "mxnet_pfc/data/records.py", "mxnet_pfc/eval/verification.py", "symbols/__init__.py",
                  "symbols/iresnet.py"):
         assert name in names, name
@@ -340,7 +341,8 @@ def test_wheel_ships_the_packages_the_kernel_source_and_the_commands(tmp_path):
     entry_points = next(zipfile.ZipFile(wheel).read(n).decode() for n in names if n.endswith("entry_points.txt"))
     for command in ("mxnet-pfc-train = mxnet_pfc.train:main", "mxnet-pfc-export", "mxnet-pfc-embed",
                     "mxnet-pfc-verify", "mxnet-pfc-plan", "mxnet-pfc-pack = mxnet_pfc.data.pack:main",
-                    "mxnet-pfc-check = mxnet_pfc.data.check:main", "mxnet-pfc-synthetic", "mxnet-pfc-ijb = mxnet_pfc.ijb:main",
+                    "mxnet-pfc-check = mxnet_pfc.data.check:main", "mxnet-pfc-synthetic",
+                    "mxnet-pfc-ijb = mxnet_pfc.ijb:main",
                     "mxnet-pfc-onnx-check = mxnet_pfc.onnx_check:main"):
         assert command in entry_points, command
 

@@ -3,6 +3,7 @@ import argparse
 import importlib
 
 import pytest
+
 from launch import REPO
 
 COMMANDS = ["mxnet_pfc.train", "mxnet_pfc.export", "mxnet_pfc.embed", "mxnet_pfc.verify", "mxnet_pfc.ijb",

@@ -9,8 +9,8 @@ import cv2
 import mxnet as mx
 import numpy as np
 import pytest
-from launch import REPO, rank_env
 
+from launch import REPO, rank_env
 from mxnet_pfc import ijb
 from mxnet_pfc.data.synthetic_ijb import write_ijb
 from mxnet_pfc.eval import align, ijb_metrics

@@ -228,8 +228,8 @@ def test_blocked_products_match_float64(both, kind):
 @pytest.mark.parametrize("num_classes, rate", [(1, 1.0), (20, 0.05)])
 def test_a_step_with_one_center_matches_float64(fused, num_classes, rate):
     """S = 1: each row's only column is its target, so its other-columns sum is empty (was NaN on MXNet ops)."""
-    from reference import loss_and_grads, sgd_momentum
     from mxnet_pfc import CombinedMarginLoss, PartialFC
+    from reference import loss_and_grads, sgd_momentum
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(6, 8)).astype(np.float32)

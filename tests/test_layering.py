@@ -6,8 +6,6 @@ still a dependency). A failure prints each violation as "module imports module (
 import ast
 from pathlib import Path
 
-import pytest
-
 from launch import REPO
 
 PACKAGE = Path(REPO) / "mxnet_pfc"
@@ -76,7 +74,6 @@ def test_the_head_uses_only_itself_and_the_runtimes_basics():
                            or imported in HEAD_RUNTIME))
 
 
-@pytest.mark.xfail(strict=False, reason="device takes ConfigError from training.config")
 def test_the_runtime_imports_no_higher_layer():
     def allowed(importer, imported):
         if importer == "mxnet_pfc.runtime.supervisor" and imported in SUPERVISOR_READS:

@@ -10,8 +10,10 @@ import cv2
 import mxnet as mx
 import numpy as np
 import pytest
+
 from launch import REFERENCE_RUN, REPO, config_sh, rank_env, rank_stop_line, run_command, tiny_synthetic_run
-from test_ijb import colour_grid_model, ijb_set, run as run_ijb  # noqa: F401 (ijb_set: a fixture)
+from test_ijb import colour_grid_model, ijb_set  # noqa: F401 (ijb_set: a fixture)
+from test_ijb import run as run_ijb
 
 
 def command(module: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -177,4 +179,5 @@ def test_the_trainer_stops_on_an_mxnet_error_with_the_line_that_says_what_failed
     except mx.base.MXNetError as error:
         assert stops.stop_on_error(error) == 1
     err = capsys.readouterr().err
-    assert re.fullmatch(r"rank 0: MXNetError: Check failed: fi->Read\(\S+\): Invalid NDArray file format", err.strip()), err
+    assert re.fullmatch(r"rank 0: MXNetError: Check failed: fi->Read\(\S+\): Invalid NDArray file format",
+                        err.strip()), err

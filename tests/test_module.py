@@ -77,6 +77,7 @@ def test_added_gradients_of_the_real_backbone_equal_the_sum():
     backward passes of the same batch hold twice one pass's gradients (gradient accumulation
     relies on MXNet adding, not overwriting, in every layer)."""
     import mxnet as mx
+
     import symbols
 
     symbol = symbols.get_symbol("r18-lite", 128)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from launch import config_sh, rank_stop_line, run_command
-from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.data import folders, synthetic
 from mxnet_pfc.data.faces import ImageError, decode_face
 from mxnet_pfc.data.iterators import FolderIter, RecordIter, epoch_order
 from mxnet_pfc.data.pack import pack
 from mxnet_pfc.data.records import MAX_CLASSES, DataError, RecordWriter, read_property
+from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training.run_plan import resolve_config
 from test_damaged_images import damaged
 

@@ -14,8 +14,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from launch import (REFERENCE_RUN, ckpt, config_sh, losses, rank_stop_line, run_command, saved_steps,
-                    tiny_synthetic_run)
+from launch import REFERENCE_RUN, ckpt, config_sh, losses, rank_stop_line, run_command, saved_steps, tiny_synthetic_run
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint
 
@@ -106,7 +105,8 @@ def test_checkpoints_after_a_larger_batch_are_kept_and_picked_as_latest(referenc
     assert "at step 15, epoch 1" in proc.stdout
     assert "global batch 16 -> 32: step 30 is step 15 here" in proc.stdout, proc.stdout[-3000:]
     assert (newest.step, newest.samples_seen, newest.world_size) == (28, 30 * 16 + 13 * 32, 2)
-    assert f"checkpoint {newest.path} written" in proc.stdout and "896 samples seen, step 28 on 2 rank(s)" in proc.stdout
+    assert f"checkpoint {newest.path} written" in proc.stdout
+    assert "896 samples seen, step 28 on 2 rank(s)" in proc.stdout
     # and --resume latest continues from it, not from the pre-resume state
     again = run_command(config_sh(*args, "--max_update", 30, "--resume", "latest"), timeout=300)
     assert again.returncode == 0, again.stdout[-4000:]

@@ -12,8 +12,17 @@ import time
 
 import pytest
 
-from launch import (ELASTIC, elastic_timeline, finish_command, held_samples, last_logged_step, start_command,
-                    tiny_synthetic_run, trainer_processes, wait_until)
+from launch import (
+    ELASTIC,
+    elastic_timeline,
+    finish_command,
+    held_samples,
+    last_logged_step,
+    start_command,
+    tiny_synthetic_run,
+    trainer_processes,
+    wait_until,
+)
 from two_hosts import HOST_A, HOST_B, INTERFACE, TwoHosts, unavailable_reason
 
 GLOO_TIMEOUT_S = 10      # horovodrun --gloo-timeout-seconds: the bound on noticing a silent peer
@@ -100,8 +109,9 @@ def test_elastic_supervisor_outlives_a_cut_link_and_grows_back(hosts, reference,
 
     events = elastic_timeline(output)
     both, alone = f"{HOST_A}:1,{HOST_B}:1", f"{HOST_A}:1"
-    assert [(e["event"].split(" (")[0].split(":")[0], e["hosts"]) for e in events if e["event"].startswith("launch")] == \
-        [("launch", both), ("launch", alone), ("launch", both)], events
+    launches = [(e["event"].split(" (")[0].split(":")[0], e["hosts"])
+                for e in events if e["event"].startswith("launch")]
+    assert launches == [("launch", both), ("launch", alone), ("launch", both)], events
     restart = next(e for e in events if e["event"].startswith("launch (restart 1/2"))
     assert "--resume latest" in restart["event"] and restart["ranks"] == "1", events
     assert events[-1]["event"] == "finished", events

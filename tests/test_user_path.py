@@ -13,12 +13,27 @@ import time
 import numpy as np
 import pytest
 
-from launch import (REFERENCE_RUN, REPO, ckpt, config_sh, finish_command, last_logged_step, losses, rank_stop_line,
-                    run_command, run_ranks, saved_steps, start_command, tiny_synthetic_run, trainer_pid, wait_until)
-from mxnet_pfc.training import checkpoint
-from mxnet_pfc.runtime import run_lock
+from launch import (
+    REFERENCE_RUN,
+    REPO,
+    ckpt,
+    config_sh,
+    finish_command,
+    last_logged_step,
+    losses,
+    rank_stop_line,
+    run_command,
+    run_ranks,
+    saved_steps,
+    start_command,
+    tiny_synthetic_run,
+    trainer_pid,
+    wait_until,
+)
 from mxnet_pfc.data import synthetic
 from mxnet_pfc.data.records import DataError, RecordWriter
+from mxnet_pfc.runtime import run_lock
+from mxnet_pfc.training import checkpoint
 
 
 def write_users_set(folder, identities, images_per_identity, seed=0):
@@ -152,7 +167,8 @@ def test_ranks_draw_independent_negatives_from_step_0(tmp_path):
     # 2 ranks x 10,000 local classes at rate 0.1: each draws 1,000 local ids (plus its few positives).
     # Independent draws share about 10% of them; one shared stream would share nearly all.
     output = tmp_path / "run"
-    proc = run_ranks(2, [REPO / "tests" / "sampled_ids_worker.py", "--", "--dataset", "speed-1m", "--num_classes", 20000,
+    proc = run_ranks(2, [REPO / "tests" / "sampled_ids_worker.py", "--", "--dataset", "speed-1m",
+                         "--num_classes", 20000,
                          "--sample_rate", 0.1, "--network", "r18-lite", "--batch_size", 4, "--max_update", 2,
                          "--dropout", 0.5, "--output", output], timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]

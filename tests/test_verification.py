@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from mxnet_pfc.data import synthetic
-from mxnet_pfc.eval.verification import (BinFormatError, embed_pairs, load_bin, tar_at_far, ten_fold_accuracy,
-                                         verify_embeddings)
+from mxnet_pfc.eval.verification import (
+    BinFormatError,
+    embed_pairs,
+    load_bin,
+    tar_at_far,
+    ten_fold_accuracy,
+    verify_embeddings,
+)
 
 
 def brute_force_accuracy(embeddings, issame, folds=10):
@@ -60,7 +66,8 @@ def test_perfect_and_useless_embeddings():
 
 def test_embed_pairs_adds_the_flip_and_normalises():
     images = np.random.default_rng(1).uniform(0, 255, (4, 3, 2, 3)).astype(np.float32)
-    embed = lambda x: x[:, 0, 0, :]         # the first row: flipping reverses it
+    def embed(x):
+        return x[:, 0, 0, :]         # the first row: flipping reverses it
     done = []
     got, xnorm = embed_pairs(embed, images, batch_size=3, progress=done.append)
     expected = images[:, 0, 0, :] + images[:, 0, 0, ::-1]

@@ -11,8 +11,16 @@ import time
 
 import pytest
 
-from launch import (ELASTIC, REPO, config_sh, elastic_timeline, finish_command, last_logged_step, start_command,
-                    tiny_synthetic_run, wait_until)
+from launch import (
+    ELASTIC,
+    REPO,
+    config_sh,
+    elastic_timeline,
+    finish_command,
+    last_logged_step,
+    start_command,
+    tiny_synthetic_run,
+)
 from mxnet_pfc.runtime import stops
 from mxnet_pfc.runtime.run_folder import RunFolder
 

@@ -68,7 +68,8 @@ def render_with_landmarks(ids: "dict[str, np.ndarray]", rng: np.random.Generator
     m = len(ids["skin"])
     points = _landmarks(ids)
     ids = {name: value.astype(np.float32) for name, value in ids.items()}
-    draw = lambda low, high, shape: rng.uniform(low, high, size=shape).astype(np.float32)
+    def draw(low, high, shape):
+        return rng.uniform(low, high, size=shape).astype(np.float32)
     grid = ((np.arange(RENDER_SIZE, dtype=np.float32) + 0.5) / RENDER_SIZE * 2 - 1)
     gy, gx = np.meshgrid(grid, grid, indexing="ij")
     # nuisance: shift, scale, rotation -> face coordinates (u, v) of every pixel

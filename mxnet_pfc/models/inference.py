@@ -17,6 +17,7 @@ import mxnet as mx
 import numpy as np
 
 import symbols
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint
@@ -110,7 +111,7 @@ def load_model(path: str):
 class Embedder:
     """A symbol bound for inference at a fixed batch size; embed() takes any number of images."""
 
-    def __init__(self, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64, image_size: int = 112):
+    def __init__(self, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64, image_size: int = FACE_SIZE):
         self.symbol, self.ctx, self.batch_size = symbol, ctx, batch_size
         self.data_shape = (batch_size, 3, image_size, image_size)
         self.module = None

@@ -21,7 +21,7 @@ import logging
 import shutil
 import subprocess
 
-from mxnet_pfc.training.config import ConfigError
+from mxnet_pfc.runtime.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ WHAT_TO_DO = ("MXNet must be built from source with CUDA 11.8 or 12 for this GPU
               "--context cpu trains on the CPU")
 
 
-def gpu_models(nvidia_smi: str = "nvidia-smi", timeout: float = 30) -> "list[tuple[str, tuple[int, int] | None]] | None":
+def gpu_models(nvidia_smi: str = "nvidia-smi",
+               timeout: float = 30) -> "list[tuple[str, tuple[int, int] | None]] | None":
     """[(name, (major, minor) or None when not reported)] for each GPU nvidia-smi lists.
 
     None when nvidia-smi is missing, fails or prints nothing usable: the GPUs

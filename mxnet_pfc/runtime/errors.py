@@ -30,6 +30,13 @@ class CheckpointError(PfcError, ValueError):
     """
 
 
+class ConfigError(PfcError, ValueError):
+    """A configuration value that is unknown or out of range; the message names the field.
+
+    Here rather than in training/config.py because the runtime (device.py) refuses settings too.
+    """
+
+
 def exit_status(prefix: str, command, *args) -> int:
     """command(*args)'s exit status (None: 0); a PfcError or OSError it raises is printed to stderr as
     "PREFIX: message" and the status is 1. PREFIX is the command's name (`mxnet_pfc.embed`), or what it

@@ -29,9 +29,9 @@ import os
 from dataclasses import dataclass, fields
 
 import symbols
-
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.head import margin
-from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.errors import ConfigError
 from mxnet_pfc.runtime.files import write_json
 
 
@@ -47,7 +47,7 @@ class Config:
     num_images: int = 0
     val_targets: tuple = ()
     ijb_targets: tuple = ()
-    image_size: int = 112
+    image_size: int = FACE_SIZE
     synthetic_identities: int = 0
     synthetic_images_per_identity: int = 20
     synthetic_val_pairs: int = 1000
@@ -212,10 +212,6 @@ FIELD_HELP = {
 AUTO_VAL = "auto"      # val_targets: every *.bin in the folder of your own set
 
 
-class ConfigError(PfcError, ValueError):
-    """A configuration value that is unknown or out of range; the message names the field."""
-
-
 def _parse_value(kind, text: str):
     if kind is bool:
         lowered = text.lower()
@@ -330,7 +326,7 @@ def validate(config: Config) -> None:
     require(config.stall_timeout >= 0, "stall_timeout", "must be non-negative (0: no watchdog)")
     require(not (config.start_over and config.resume), "start_over",
             "starts afresh; it cannot be combined with --resume, which continues")
-    require(config.image_size == 112, "image_size", "the backbones take 112x112 faces")
+    require(config.image_size == FACE_SIZE, "image_size", f"the backbones take {FACE_SIZE}x{FACE_SIZE} faces")
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
     require(config.rec or config.images or config.num_images > 0, "num_images",
             "dummy data (rec = '') needs num_images > 0")

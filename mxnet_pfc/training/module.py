@@ -20,8 +20,9 @@ import warnings
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.runtime import comm
+from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.head.partial_fc import PartialFC
+from mxnet_pfc.runtime import comm
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class PartialFCModule:
 
     def __init__(self, symbol: mx.sym.Symbol, head: PartialFC, batch_size: int, ctx: mx.Context,
                  momentum: float = 0.9, weight_decay: float = 5e-4, fp16: bool = False,
-                 image_size: int = 112, grad_accum: int = 1):
+                 image_size: int = FACE_SIZE, grad_accum: int = 1):
         if int(grad_accum) != grad_accum or grad_accum < 1:
             raise ValueError(f"grad_accum must be a positive integer, got {grad_accum}")
         self.head, self.ctx, self.batch_size, self.grad_accum = head, ctx, batch_size, int(grad_accum)

@@ -15,8 +15,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.data.iterators import count_classes, stated_classes
+from mxnet_pfc.training import config as config_lib
 
 log = logging.getLogger(__name__)
 
