@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxnet_pfc.data import check, synthetic
+from mxnet_pfc.data import check, synthetic_set
 from mxnet_pfc.data.iterators import RecordIter
 from mxnet_pfc.data.records import DataError, RecordWriter, decode_image_record, open_records
 
@@ -25,7 +25,7 @@ DAMAGE = {3: (0.5, 1), 7: (0.3, 2)}
 def faces(count: int, seed: int = 0) -> np.ndarray:
     """Face-like BGR images (the synthetic set's renderer), uint8 (count, 112, 112, 3)."""
     rng = np.random.default_rng(seed)
-    return synthetic.render(synthetic.draw_identities(rng, count), rng)[:, :, :, ::-1]
+    return synthetic_set.render(synthetic_set.draw_identities(rng, count), rng)[:, :, :, ::-1]
 
 
 def encode(image: np.ndarray, ext: str) -> bytes:

@@ -6,7 +6,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxnet_pfc.data import check, pack, synthetic
+from mxnet_pfc.data import check, pack, synthetic_set
 from mxnet_pfc.data.iterators import DummyIter, RecordIter, epoch_order
 from mxnet_pfc.data.records import DataError, RecordWriter, open_records, read_property
 
@@ -272,8 +272,9 @@ def test_pack_tool_refuses_wrong_sizes_unless_resizing(tmp_path, capsys):
 
 
 def test_synthetic_set_has_the_layout_and_learnable_identities(tmp_path):
-    synthetic.generate(str(tmp_path), identities=12, images_per_identity=4, val_identities=10, val_pairs=40)
-    assert synthetic.is_complete(str(tmp_path), 12, 4, 40) and not synthetic.is_complete(str(tmp_path), 12, 5, 40)
+    synthetic_set.generate(str(tmp_path), identities=12, images_per_identity=4, val_identities=10, val_pairs=40)
+    assert synthetic_set.is_complete(str(tmp_path), 12, 4, 40)
+    assert not synthetic_set.is_complete(str(tmp_path), 12, 5, 40)
     assert read_property(str(tmp_path)) == (12, 112, 112)
     it = RecordIter(str(tmp_path / "train.rec"), batch_size=48, num_classes=12, rand_mirror=False)
     batch = next(it)

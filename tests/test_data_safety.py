@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from launch import config_sh, finish_command, rank_stop_line, run_command, start_command, wait_until
-from mxnet_pfc.data import folders, synthetic
+from mxnet_pfc.data import folders, synthetic_set
 from mxnet_pfc.data.faces import ImageError, read_file
 from mxnet_pfc.data.records import open_records
 
@@ -35,13 +35,13 @@ def limited(cmd: list, kb: int = MEMORY_KB) -> list:
 def write_faces(root, identities: int, per_identity: int, seed: int = 0, names=None):
     """ROOT/<identity>/<nn>.jpg rendered by the synthetic generator; returns ROOT."""
     rng = np.random.default_rng(seed)
-    ids = synthetic.draw_identities(rng, identities)
-    images = synthetic.render({k: np.repeat(v, per_identity, axis=0) for k, v in ids.items()}, rng)
+    ids = synthetic_set.draw_identities(rng, identities)
+    images = synthetic_set.render({k: np.repeat(v, per_identity, axis=0) for k, v in ids.items()}, rng)
     names = names or [f"person_{k:03d}" for k in range(identities)]
     for i, image in enumerate(images):
         folder = root / names[i // per_identity]
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{i % per_identity:02d}.jpg").write_bytes(synthetic.encode(image))
+        (folder / f"{i % per_identity:02d}.jpg").write_bytes(synthetic_set.encode(image))
     return root
 
 
@@ -60,7 +60,7 @@ def forge_header(rec, first_identity: float, end: float) -> None:
 
 def test_header_claiming_a_billion_images_is_refused_before_allocating(tmp_path):
     data = tmp_path / "data"
-    synthetic.generate(str(data), identities=8, images_per_identity=4, val_identities=8, val_pairs=20)
+    synthetic_set.generate(str(data), identities=8, images_per_identity=4, val_identities=8, val_pairs=20)
     forge_header(data / "train.rec", 1e9, 1e9 + 64)          # both exact in float32
     proc = run_command(limited(CHECK + [data]), timeout=120)
     assert proc.returncode == 1, proc.stdout[-3000:]
@@ -79,7 +79,7 @@ def test_header_claiming_a_billion_images_is_refused_before_allocating(tmp_path)
 
 def test_header_label_that_is_not_two_numbers_is_named(tmp_path):
     data = tmp_path / "data"
-    synthetic.generate(str(data), identities=4, images_per_identity=2, val_identities=4, val_pairs=10)
+    synthetic_set.generate(str(data), identities=4, images_per_identity=2, val_identities=4, val_pairs=10)
     forge_header(data / "train.rec", float("nan"), 12)
     proc = run_command(limited(CHECK + [data]), timeout=120)
     assert proc.returncode == 1 and "header record has label [nan, 12.0]" in proc.stdout, proc.stdout[-3000:]

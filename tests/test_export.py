@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from launch import ckpt, run_command, tiny_synthetic_run
-from mxnet_pfc.data import synthetic
+from mxnet_pfc.data import synthetic_set
 
 IMAGES = np.random.default_rng(5).uniform(0, 255, (5, 3, 112, 112)).astype(np.float32)
 
@@ -165,8 +165,8 @@ def test_verify_command_reproduces_the_trainers_figures(trained, tmp_path):
 def write_faces(folder, count, seed):
     """`count` identities x 2 synthetic faces as PNG files in identity sub-folders; returns their paths."""
     rng = np.random.default_rng(seed)
-    ids = synthetic.draw_identities(rng, count)
-    images = synthetic.render({k: np.repeat(v, 2, axis=0) for k, v in ids.items()}, rng)
+    ids = synthetic_set.draw_identities(rng, count)
+    images = synthetic_set.render({k: np.repeat(v, 2, axis=0) for k, v in ids.items()}, rng)
     paths = []
     for i, image in enumerate(images):
         person = folder / f"person{i // 2}"

@@ -4,14 +4,16 @@ Every import of every module under mxnet_pfc/ counts, those inside functions too
 still a dependency). A failure prints each violation as "module imports module (file:line)".
 """
 import ast
+import tomllib
 from pathlib import Path
 
 from launch import REPO
 
 PACKAGE = Path(REPO) / "mxnet_pfc"
-# The modules a user runs (`python -m mxnet_pfc.NAME`): nothing in the package imports them.
-COMMANDS = {f"mxnet_pfc.{name}" for name in ("train", "elastic", "export", "onnx_check", "ijb", "embed", "verify",
-                                             "plan", "data.pack", "data.check")}
+# The modules a user runs (`python -m mxnet_pfc.NAME`, the mxnet-pfc-* scripts of pyproject.toml), and the
+# one config.sh and the supervisor exec in each rank: nothing in the package imports them.
+COMMANDS = {target.split(":")[0] for target in tomllib.loads((Path(REPO) / "pyproject.toml").read_text())[
+    "project"]["scripts"].values()} | {"mxnet_pfc.runtime.rank"}
 # What the head may use of the runtime: collectives, errors, seeding, file writing.
 HEAD_RUNTIME = {f"mxnet_pfc.runtime.{name}" for name in ("comm", "errors", "seeding", "files")}
 # The supervisor reads a run's checkpoints and checks its configuration before any host is used.

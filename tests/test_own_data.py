@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from launch import config_sh, rank_stop_line, run_command
-from mxnet_pfc.data import folders, synthetic
+from mxnet_pfc.data import folders, synthetic_set
 from mxnet_pfc.data.faces import ImageError, decode_face
 from mxnet_pfc.data.iterators import FolderIter, RecordIter, epoch_order
 from mxnet_pfc.data.pack import pack
@@ -26,12 +26,12 @@ IDENTITIES, PER_IDENTITY = 60, 6
 def write_folder_set(root, identities=IDENTITIES, per_identity=PER_IDENTITY, seed=0):
     """ROOT/<identity>/<image>.jpg rendered by the synthetic generator."""
     rng = np.random.default_rng(seed)
-    ids = synthetic.draw_identities(rng, identities)
-    images = synthetic.render({k: np.repeat(v, per_identity, axis=0) for k, v in ids.items()}, rng)
+    ids = synthetic_set.draw_identities(rng, identities)
+    images = synthetic_set.render({k: np.repeat(v, per_identity, axis=0) for k, v in ids.items()}, rng)
     for i, image in enumerate(images):
         folder = root / f"person_{i // per_identity:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{i % per_identity:02d}.jpg").write_bytes(synthetic.encode(image))
+        (folder / f"{i % per_identity:02d}.jpg").write_bytes(synthetic_set.encode(image))
     return root
 
 

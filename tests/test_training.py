@@ -80,14 +80,14 @@ def test_run_sh_trains_with_mpirun(tmp_path):
 
 
 def test_waiting_ranks_stop_when_generation_failed(tmp_path):
-    from mxnet_pfc.data import synthetic
+    from mxnet_pfc.data import synthetic_set
     from mxnet_pfc.data.records import DataError
 
     wanted = dict(identities=500, images_per_identity=32, val_pairs=1000)
-    (tmp_path / synthetic.OWNER).write_text("")        # local rank 0 claimed the folder, then failed
+    (tmp_path / synthetic_set.OWNER).write_text("")        # local rank 0 claimed the folder, then failed
     (tmp_path / "FAILED").write_text("OSError: disk full\n")
     with pytest.raises(DataError, match="failed on local rank 0: OSError: disk full"):
-        synthetic.ensure(str(tmp_path), **wanted, local_rank=1, wait_seconds=30)    # a rank that waits
+        synthetic_set.ensure(str(tmp_path), **wanted, local_rank=1, wait_seconds=30)    # a rank that waits
     (tmp_path / "FAILED").unlink()
     with pytest.raises(DataError, match="did not appear within 1 s"):
-        synthetic.ensure(str(tmp_path), **wanted, local_rank=1, wait_seconds=1)
+        synthetic_set.ensure(str(tmp_path), **wanted, local_rank=1, wait_seconds=1)

@@ -30,7 +30,7 @@ from launch import (
     trainer_pid,
     wait_until,
 )
-from mxnet_pfc.data import synthetic
+from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.data.records import DataError, RecordWriter
 from mxnet_pfc.runtime import run_lock
 from mxnet_pfc.training import checkpoint
@@ -44,7 +44,7 @@ def write_users_set(folder, identities, images_per_identity, seed=0):
         colour = rng.integers(0, 256, size=3)
         for _ in range(images_per_identity):
             image = np.clip(colour + rng.normal(0, 20, size=(112, 112, 3)), 0, 255).astype(np.uint8)
-            writer.add(class_id, synthetic.encode(image))
+            writer.add(class_id, synthetic_set.encode(image))
     writer.close()
     return folder / "train.rec"
 
@@ -78,12 +78,12 @@ def test_own_set_with_the_default_preset_is_read_never_written(tmp_path):
 def test_generation_never_writes_over_files_it_did_not_write(tmp_path):
     (tmp_path / "train.rec").write_bytes(b"a user's own data")
     with pytest.raises(DataError, match="refusing to generate a synthetic set here.*train.rec"):
-        synthetic.generate(str(tmp_path), identities=4, images_per_identity=2, val_identities=2, val_pairs=4)
+        synthetic_set.generate(str(tmp_path), identities=4, images_per_identity=2, val_identities=2, val_pairs=4)
     assert os.listdir(tmp_path) == ["train.rec"] and (tmp_path / "train.rec").read_bytes() == b"a user's own data"
     # a folder the generator made, or an empty one, it may (re)write
-    synthetic.generate(str(tmp_path / "new"), identities=4, images_per_identity=2, val_identities=2, val_pairs=4)
-    synthetic.generate(str(tmp_path / "new"), identities=5, images_per_identity=2, val_identities=2, val_pairs=4)
-    assert synthetic.is_complete(str(tmp_path / "new"), 5, 2, 4)
+    synthetic_set.generate(str(tmp_path / "new"), identities=4, images_per_identity=2, val_identities=2, val_pairs=4)
+    synthetic_set.generate(str(tmp_path / "new"), identities=5, images_per_identity=2, val_identities=2, val_pairs=4)
+    assert synthetic_set.is_complete(str(tmp_path / "new"), 5, 2, 4)
 
 
 def test_resume_on_fewer_ranks_trains_what_is_left(reference, tmp_path):

@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from mxnet_pfc.data import synthetic
+from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.eval.verification import (
     BinFormatError,
     embed_pairs,
@@ -114,7 +114,7 @@ def test_tar_at_far_below_the_resolution_is_tar_at_far_zero():
 
 
 def test_synthetic_bin_loads(tmp_path):
-    synthetic.write_verification_set(str(tmp_path / "val.bin"), identities=5, pairs=10, seed=0)
+    synthetic_set.write_verification_set(str(tmp_path / "val.bin"), identities=5, pairs=10, seed=0)
     images, issame = load_bin(str(tmp_path / "val.bin"))
     assert images.shape == (20, 3, 112, 112) and issame.tolist().count(True) == 5
 

@@ -93,9 +93,9 @@ if MODE == "slow verification" and RANK == "0":
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """The tiny synthetic set of tiny_synthetic_run (40 identities x 8 images, 100 pairs)."""
-    from mxnet_pfc.data import synthetic
+    from mxnet_pfc.data import synthetic_set
     folder = tmp_path_factory.mktemp("data")
-    synthetic.ensure(str(folder), 40, 8, 100, local_rank=0)
+    synthetic_set.ensure(str(folder), 40, 8, 100, local_rank=0)
     return folder
 
 

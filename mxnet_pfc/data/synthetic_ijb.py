@@ -1,6 +1,6 @@
 """A small synthetic test set in InsightFace's IJB layout, for the tests of mxnet_pfc.ijb.
 
-Faces come from the synthetic renderer (data/synthetic.py), so a model trained
+Faces come from the synthetic renderer (data/synthetic_set.py), so a model trained
 on the synthetic training set reads them. The renderer says where each
 render's eyes, nose tip and mouth corners are (render_with_landmarks); the
 generator places the render in a larger "loose
@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 
 from mxnet_pfc.data.faces import FACE_SIZE
-from mxnet_pfc.data.synthetic import draw_identities, render_with_landmarks
+from mxnet_pfc.data.synthetic_set import draw_identities, render_with_landmarks
 
 LOOSE = 160            # side of a loose crop, pixels
 

@@ -8,7 +8,7 @@ on every rank without collectives and agree that it worked (`prepare`); build
 the head and the module (their constructors run collectives); restore a
 checkpoint (resume.py); then `Trainer.run`: the steps, with progress logs
 (metrics.py), verification and checkpoints (checkpoint.py), and at the end
-the model for inference (export.py) and the final checkpoint. The run's
+the model for inference (models/export.py) and the final checkpoint. The run's
 length and learning rate are planned in run_plan.py and lr_schedule.py; how a
 failure on one rank reaches the others is in comm.py and stops.py.
 """
@@ -24,7 +24,7 @@ import mxnet as mx
 from tqdm import tqdm
 
 import symbols
-from mxnet_pfc.data import folders, synthetic
+from mxnet_pfc.data import folders, synthetic_set
 from mxnet_pfc.data.iterators import DummyIter, FolderIter, RecordIter, steps_in_epoch
 from mxnet_pfc.eval.during_training import TrainingEvaluation
 from mxnet_pfc.head.margin import CombinedMarginLoss
@@ -63,7 +63,7 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
     index = folders.load_index(cfg.images, cfg.output, write=rank == 0) if cfg.images else None
     cfg = resolve_config(cfg, world, index)
     if cfg.rec and cfg.synthetic_identities > 0:
-        synthetic.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
+        synthetic_set.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
                          cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs, comm.local_rank())
     ctx = device.choose_context(cfg.context, comm.local_rank())
     device.check_horovod_gpu(ctx, comm.is_distributed())
