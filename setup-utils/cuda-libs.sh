@@ -19,4 +19,4 @@ if [[ "${1:-}" == "--site-packages" ]]; then
     shift
     PYTHONPATH="$REPO" exec python3 -c "$RANK; print(':'.join(cuda_library_dirs(sys.argv[1:])))" "$@"
 fi
-PYTHONPATH="$REPO" exec "${1:-python3}" -c "$RANK; print(':'.join(cuda_library_dirs(sites())))"
+PYTHONPATH="$REPO" "${1:-python3}" -c "$RANK; print(':'.join(cuda_library_dirs(sites())))" 2>/dev/null || true

@@ -19,6 +19,7 @@ from launch import REPO, ckpt, config_sh, final_summary, losses, run_command, ru
 from mxnet_pfc.head import memory_bank
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime import files
+from mxnet_pfc.runtime.errors import CheckpointError
 from mxnet_pfc.training import checkpoint
 
 
@@ -149,7 +150,7 @@ def test_shard_overlaps_cover_every_class_once(classes, old_world, new_world):
 
 
 def test_shard_overlaps_refuse_a_gap():
-    with pytest.raises(checkpoint.CheckpointError, match="cover 5 of the 10 classes"):
+    with pytest.raises(CheckpointError, match="cover 5 of the 10 classes"):
         memory_bank.shard_overlaps([[0, 5]], 0, 10)
 
 
@@ -169,10 +170,10 @@ def test_locate_ignores_partial_and_unfinished_folders(tmp_path):
     os.makedirs(tmp_path / "ckpt-000003-step-00000030")         # no state.json: never published
     assert saved_steps(tmp_path) == [10]
     assert checkpoint.locate(str(tmp_path), "latest").endswith("ckpt-000001-step-00000010")
-    with pytest.raises(checkpoint.CheckpointError, match=r"no complete checkpoint at step 30 .*\(complete: "
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint at step 30 .*\(complete: "
                                                          r"ckpt-000001-step-00000010 \(step 10, state.json unreadable"):
         checkpoint.locate(str(tmp_path), "30")
-    with pytest.raises(checkpoint.CheckpointError, match="format None"):
+    with pytest.raises(CheckpointError, match="format None"):
         checkpoint.read_state(str(tmp_path / "ckpt-000001-step-00000010"))
 
 
@@ -180,7 +181,7 @@ def test_check_params_names_the_difference():
     import mxnet as mx
     saved = {"fc1_weight": mx.nd.zeros((128, 256)), "old_bias": mx.nd.zeros((3,))}
     expected = {"fc1_weight": (512, 256), "conv_weight": (8, 3, 3, 3)}
-    with pytest.raises(checkpoint.CheckpointError) as error:
+    with pytest.raises(CheckpointError) as error:
         checkpoint.check_params(saved, expected, "ckpt", "r50")
     text = str(error.value)
     assert "missing conv_weight" in text and "unexpected old_bias" in text

@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib import import_module
@@ -24,7 +25,6 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import tomllib
 
 from launch import REPO, run_command
 

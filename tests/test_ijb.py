@@ -14,6 +14,7 @@ from launch import REPO, rank_env
 from mxnet_pfc import ijb
 from mxnet_pfc.data.synthetic_ijb import write_ijb
 from mxnet_pfc.eval import align, ijb_metrics
+from mxnet_pfc.eval import ijb as ijb_report
 from mxnet_pfc.eval.verification import tar_at_far
 
 
@@ -354,3 +355,20 @@ def test_training_refuses_a_missing_ijb_set_at_setup(tmp_path):
                           cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "nowhere" in proc.stderr and "ijbc_face_tid_mid.txt" in proc.stderr, \
         proc.stderr[-2000:]
+
+
+def test_the_reported_threshold_accepts_exactly_the_counted_pairs():
+    """The JSON's 1:1 threshold is a ROC threshold, as InsightFace's: accepting score >= it gives the TAR and
+    FAR reported beside it (ties and a target below one different pair included)."""
+    rng = np.random.default_rng(5)
+    features = rng.normal(size=(60, 8)).round(1)          # rounded: many tied scores
+    features /= np.linalg.norm(features, axis=1, keepdims=True)
+    templates = np.arange(60)
+    first, second = rng.integers(0, 60, 400), rng.integers(0, 60, 400)
+    labels = (rng.random(400) < 0.3).astype(int)
+    report, _ = ijb_report.verification_report(features, templates, (first, second, labels))
+    scores = np.sum(features[first] * features[second], axis=1)
+    for far, row in report["far"].items():
+        accepted = scores >= row["threshold"]
+        assert np.mean(accepted[labels == 1]) == row["tar"], far
+        assert np.mean(accepted[labels == 0]) == row["achieved_far"], far

@@ -12,10 +12,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from launch import REPO, finish_command, tiny_synthetic_run
 

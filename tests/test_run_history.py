@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from launch import REFERENCE_RUN, ckpt, config_sh, losses, rank_stop_line, run_command, saved_steps, tiny_synthetic_run
+from mxnet_pfc.runtime.errors import CheckpointError
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint
 
@@ -203,7 +204,7 @@ def test_a_pickled_center_file_runs_nothing_and_is_refused_naming_it(tmp_path):
             allow_pickle=True)
     np.save(tmp_path / "momentum-rank00000.npy", np.zeros((4, 8), np.float32))
     bank = MemoryBank(4, 8, 0, 1, mx.cpu(), ops=None)
-    with pytest.raises(checkpoint.CheckpointError, match=r"centers-rank00000.npy: .*Python objects"):
+    with pytest.raises(CheckpointError, match=r"centers-rank00000.npy: .*Python objects"):
         bank.load(str(tmp_path), [[0, 4]])
     assert not marker.exists()
 

@@ -43,9 +43,12 @@ def verification_report(features: np.ndarray, templates: np.ndarray, pairs) -> "
     report = {"pairs": int(len(labels)), "same": int(labels.sum()), "different": int((labels == 0).sum()), "far": {}}
     for far in ijb_metrics.FARS:
         exact = tar_at_far(scores, labels == 1, far)
+        accepted = scores[scores > exact.threshold]
+        # reported as the ROC threshold, as before and as InsightFace's: accept when score >= it
+        roc_threshold = float(accepted.min()) if accepted.size else float("inf")
         nearest = ijb_metrics.tar_at_far_nearest(labels, scores, far)
         report["far"][f"{far:g}"] = {"tar": exact.tar, "achieved_far": exact.achieved_far,
-                                     "threshold": exact.threshold, "tar_nearest": nearest[0],
+                                     "threshold": roc_threshold, "tar_nearest": nearest[0],
                                      "nearest_far": nearest[1], "nearest_threshold": nearest[2]}
     fpr, tpr, _ = ijb_metrics.roc_curve(labels, scores, drop_intermediate=True)
     return report, (fpr, tpr)

@@ -6,5 +6,5 @@ collectives), memory_bank (the per-rank centers and their SGD), margin (the
 margin losses), kernels (build: compiling and loading the fused C++ operators;
 ops: the HeadOps interface, the fused operators and their MXNet fallback).
 It imports nothing from training, data or the supervisor; of the runtime only
-comm, errors and seeding.
+comm, errors, seeding and files.
 """

@@ -68,7 +68,11 @@ def run_before_horovod(load: "Callable[[], object]") -> None:
 
 
 def init() -> None:
-    """Initialise Horovod if available, after the loaders of run_before_horovod; safe to call more than once."""
+    """Initialise Horovod if available, after the loaders of run_before_horovod; safe to call more than once.
+
+    The head's kernels register their loader when the head is imported: import it (mxnet_pfc.PartialFC,
+    mxnet_pfc.head) before calling this, or the head falls back to MXNet ops with a warning.
+    """
     global _hvd, _initialised, _rank, _size, _local_rank
     if _initialised:
         return

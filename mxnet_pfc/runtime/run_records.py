@@ -79,7 +79,6 @@ def record_busy(run: RunFolder, message: str) -> None:
     rank, and the lock's holder is the job to watch). A run started by hand has no supervisor to tell."""
     if launch_id() is not None and os.path.isdir(run.elastic):
         try:
-            with open(run.busy_record, "w") as f:
-                json.dump({"refused": message, "launch": launch_id()}, f)
+            write_json(run.busy_record, {"refused": message, "launch": launch_id()})
         except OSError:
             pass

@@ -1,4 +1,7 @@
-"""The trainer and the files of a run: configuration, the run's plan and learning
-rate, the MXNet module that joins backbone and head, checkpoints and resuming,
-metrics and the output folder.
+"""The trainer and the files of a run: trainer (the loop: python -m mxnet_pfc.train),
+config (fields, presets, --help), run_plan (steps, classes, the global batch),
+lr_schedule, module (the MXNet module that joins backbone and head), checkpoint
+(what a checkpoint holds, writing and reading it), resume (what changed since
+it), metrics (the progress line and metrics.jsonl) and output_folder (a fresh run,
+a resume, or --start_over).
 """

@@ -66,7 +66,7 @@ _FOLDER = re.compile(r"^ckpt-(\d{6,})-step-(\d{8,})$")
 _LEGACY_FOLDER = re.compile(r"^step-(\d{8})$")     # format 1 named folders by step alone
 
 
-__all__ = ["CheckpointError", "BackboneSnapshot", "Saved", "State", "take_snapshot", "save", "locate", "read_state",
+__all__ = ["BackboneSnapshot", "Saved", "State", "take_snapshot", "save", "locate", "read_state",
            "is_checkpoint", "list_checkpoints", "latest", "check_compatible", "check_params", "load_backbone",
            "resume_position"]
 

@@ -18,8 +18,9 @@ preset's own set, or asked for by name), and only into a folder that is empty
 or that the generator made.
 
 Batch and learning rate: batch_size is per rank, `lr` is stated for a global
-batch of lr_base_batch samples and scales linearly to the real one
-(docs/DESIGN.md 4.1; why one step is one SGD step on the global batch: 4.2).
+batch of lr_base_batch samples and scales linearly to the real one, N samples
+over all ranks: effective lr = lr x N / lr_base_batch (docs/DESIGN.md 4.1; why
+one step is one SGD step on the global batch: 4.2).
 """
 from __future__ import annotations
 
