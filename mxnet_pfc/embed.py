@@ -28,7 +28,7 @@ from mxnet_pfc.eval.verification import embed_pairs
 from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
-from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
 
 
 class EmbedError(PfcError, ValueError):
@@ -75,7 +75,7 @@ def embed_files(embedder: Embedder, paths: "list[str]", resize: bool, chunk: int
 def default_threshold(model: str) -> float:
     """Cosine threshold of the training's final verification, stored next to the model."""
     prefix = RunFolder(model).model if os.path.isdir(model) else model.partition(",")[0]
-    path = f"{prefix}-verification.json"
+    path = ModelFiles(prefix).verification
     try:
         with open(path) as f:
             results = json.load(f)

@@ -23,7 +23,7 @@ from mxnet_pfc.models.export import export_model, export_onnx
 from mxnet_pfc.models.inference import ModelError, load_model
 from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
 from mxnet_pfc.runtime.errors import exit_status
-from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
 from mxnet_pfc.training import checkpoint
 
 log = logging.getLogger("mxnet_pfc.export")
@@ -63,10 +63,11 @@ def run(args) -> int:
     files = export_model(prefix, symbol, arg_params, aux_params)
     log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
     if args.onnx or args.check:
-        log.info(f"ONNX: {export_onnx(prefix, prefix + '.onnx')}")
+        log.info(f"ONNX: {export_onnx(prefix, ModelFiles(prefix).onnx)}")
     if args.check:
-        checks = check_onnx(prefix + ".onnx", prefix, max_latency_ms=args.max_latency_ms, tolerance=args.tolerance)
-        if not report(checks, prefix + "-onnx-check.json", prefix + ".onnx", prefix):
+        onnx = ModelFiles(prefix).onnx
+        checks = check_onnx(onnx, prefix, max_latency_ms=args.max_latency_ms, tolerance=args.tolerance)
+        if not report(checks, ModelFiles(prefix).onnx_check, onnx, prefix):
             return 1
     return 0
 

@@ -17,6 +17,7 @@ import sys
 
 from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
 from mxnet_pfc.runtime.errors import exit_status
+from mxnet_pfc.runtime.run_folder import ModelFiles
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    json_path = args.json or args.onnx.removesuffix(".onnx") + "-onnx-check.json"
+    json_path = args.json or ModelFiles(args.onnx.removesuffix(".onnx")).onnx_check
     checks = check_onnx(args.onnx, args.model or None, max_latency_ms=args.max_latency_ms, tolerance=args.tolerance)
     return 0 if report(checks, json_path, args.onnx, args.model or None) else 1
 

@@ -12,6 +12,7 @@ import os
 import signal
 import struct
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from launch import config_sh, finish_command, rank_stop_line, run_command, start
 from mxnet_pfc.data import folders, synthetic_set
 from mxnet_pfc.data.faces import ImageError, read_file
 from mxnet_pfc.data.records import open_records
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 PACK = [sys.executable, "-m", "mxnet_pfc.data.pack"]
 CHECK = [sys.executable, "-m", "mxnet_pfc.data.check"]
@@ -91,7 +93,7 @@ def test_edited_index_entries_are_not_opened(tmp_path, caplog):
     root = write_faces(tmp_path / "faces", 4, 3)
     out = tmp_path / "out"
     folders.load_index(str(root), str(out), write=True)
-    index_path = out / folders.INDEX_NAME
+    index_path = Path(RunFolder(str(out)).images_index)
     good = json.loads(index_path.read_text())
     for problem, edit in [
             ("files[0] holds '../../../../etc/passwd'",
@@ -120,7 +122,7 @@ def test_training_relists_a_tampered_index_and_reads_only_under_root(tmp_path):
     args = ("--images", root, "--batch_size", 4, "--frequent", 1, "--val_targets", "", "--output", run)
     proc = run_command(config_sh(*args, "--max_update", 2), timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    index_path = run / folders.INDEX_NAME
+    index_path = Path(RunFolder(str(run)).images_index)
     saved = json.loads(index_path.read_text())
     saved["files"][0] = ["../../elsewhere/person_000/00.jpg", str(elsewhere / "blocks.jpg")] + saved["files"][0][2:]
     index_path.write_text(json.dumps(saved))
@@ -140,7 +142,7 @@ def test_training_from_a_folder_name_that_is_not_utf8(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"{root}/caf\\xe9/zz.jpg (a FIFO)" in proc.stdout and "Logging error" not in proc.stdout, proc.stdout
     assert f"listed {root}: 16 images of 4 identities" in proc.stdout and "step 4/4" in proc.stdout
-    assert json.loads((run / folders.INDEX_NAME).read_text())["identities"][1] == NOT_UTF8
+    assert json.loads((Path(RunFolder(str(run)).images_index)).read_text())["identities"][1] == NOT_UTF8
 
 
 # -- 3. image folders: regular files under ROOT only, bounded, never blocking

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from mxnet_pfc.data.faces import ImageError, decode_face
 from mxnet_pfc.data.iterators import FolderIter, RecordIter, epoch_order
 from mxnet_pfc.data.pack import pack
 from mxnet_pfc.data.records import MAX_CLASSES, DataError, RecordWriter, read_property
+from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training.run_plan import resolve_config
 from test_damaged_images import damaged
@@ -47,7 +49,7 @@ def test_folder_trains_through_config_sh_and_its_index_is_reused(faces, tmp_path
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"num_classes = {IDENTITIES}, read from the set" in proc.stdout and "step 3/3" in proc.stdout
     assert f"listed {faces}: {IDENTITIES * PER_IDENTITY} images" in proc.stdout
-    index = run / folders.INDEX_NAME
+    index = Path(RunFolder(str(run)).images_index)
     written = index.stat().st_mtime_ns
     # a restart (resumed) reads the index, does not list ROOT again
     proc = run_command(config_sh(*args, "--max_update", 4, "--resume", "latest"), timeout=240)

@@ -4,15 +4,19 @@ supervisor exchange there (run_records)."""
 import os
 
 from mxnet_pfc.runtime import run_records
-from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
 
 
 def test_every_path_keeps_its_name_and_place():
     run = RunFolder("OUT")
-    assert (run.checkpoints, run.logs, run.metrics, run.tensorboard, run.config, run.model, run.verification,
-            run.earlier_runs, run.timeline) == (
+    assert (run.checkpoints, run.logs, run.metrics, run.tensorboard, run.config, run.model,
+            run.model_files.verification, run.earlier_runs, run.timeline) == (
         "OUT/checkpoints", "OUT/logs", "OUT/metrics.jsonl", "OUT/tensorboard", "OUT/config.json", "OUT/model",
         "OUT/model-verification.json", "OUT/earlier-runs", "OUT/elastic-timeline.tsv")
+    assert run.images_index == "OUT/images-index.json"
+    model = ModelFiles("M")
+    assert model.written() == ("M-symbol.json", "M-0000.params", "M-verification.json", "M.onnx", "M-onnx-check.json")
+    assert model.params(12) == "M-0012.params"
     assert (run.log_file(1), run.failure_record(1), run.crash_record(1), run.stacks_record(1),
             run.progress_record(1), run.finished_record) == (
         "OUT/logs/rank1.log", "OUT/logs/failed-rank1.txt", "OUT/logs/crash-rank1.txt", "OUT/logs/stacks-rank1.txt",

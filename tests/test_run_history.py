@@ -47,6 +47,18 @@ def as_format_1(folder, legacy):
     return legacy
 
 
+def as_format_2(folder, copy):
+    """Checkpoint `folder` as the version before format 3 wrote it: the same files, and state.json with format 2
+    and the fields format 3 no longer writes (nobody read them)."""
+    shutil.copytree(folder, copy)
+    state = json.loads((copy / "state.json").read_text())
+    epoch, within = divmod(state["step"], state["steps_per_epoch"])
+    state.update(format=2, network=state["config"]["network"], seed=state["config"]["seed"], epoch=epoch,
+                 next_lr=0.1, data=dict(epoch=epoch, step_in_epoch=within))
+    (copy / "state.json").write_text(json.dumps(state))
+    return copy
+
+
 class RunsAShellCommand:
     def __init__(self, command):
         self.command = command
@@ -88,6 +100,22 @@ def test_a_format_1_checkpoint_still_resumes_exactly(reference, tmp_path):
     saved = checkpoint.list_checkpoints(str(output / "checkpoints"))
     assert [(c.sequence, c.step) for c in saved] == [(0, 24), (1, 30)]
     assert not (ckpt(output / "checkpoints", 30) / "optimizer.states").exists()
+
+
+def test_a_format_2_checkpoint_still_resumes_exactly(reference, tmp_path):
+    """Checkpoints of the version every user has today (format 2) continue as the uninterrupted run."""
+    data, run = reference
+    output = tmp_path / "run"
+    old = ckpt(run / "checkpoints", 24)
+    as_format_2(old, output / "checkpoints" / old.name)
+    proc = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--resume", "latest")),
+                       timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    expected, got = losses(run), losses(output)
+    assert sorted(got) == list(range(25, 31))
+    np.testing.assert_allclose([got[s] for s in got], [expected[s] for s in got], rtol=1e-5)
+    newest = checkpoint.latest(str(output / "checkpoints"))
+    assert newest.step == 30 and json.loads(open(os.path.join(newest.path, "state.json")).read())["format"] == 3
 
 
 def test_checkpoints_after_a_larger_batch_are_kept_and_picked_as_latest(reference, tmp_path):

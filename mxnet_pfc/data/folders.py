@@ -36,11 +36,11 @@ import numpy as np
 from mxnet_pfc.data.faces import ImageError, file_kind, inside, printable, read_file
 from mxnet_pfc.data.records import DataError
 from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
-INDEX_NAME = "images-index.json"
 INDEX_VERSION = 1
 
 
@@ -174,7 +174,7 @@ def load_index(root: str, output: str, write: bool) -> FolderIndex:
     """ROOT's index from OUTPUT/images-index.json when it still matches ROOT, else a new listing
     (written there when `write`: rank 0 only, atomically, so ranks never read half a file)."""
     root = os.path.abspath(root)
-    path = os.path.join(output, INDEX_NAME)
+    path = RunFolder(output).images_index
     folders = identity_folders(root)
     current = fingerprint(folders)
     saved = None

@@ -16,6 +16,7 @@ import numpy as np
 
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.files import atomic_path
+from mxnet_pfc.runtime.run_folder import ModelFiles
 
 
 def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict) -> "tuple[str, str]":
@@ -23,19 +24,20 @@ def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_param
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     tmp = f"{prefix}.tmp{os.getpid()}"
     mx.model.save_checkpoint(tmp, 0, symbol, arg_params, aux_params, remove_amp_cast=True)
-    files = (f"{prefix}-symbol.json", f"{prefix}-0000.params")
-    os.replace(f"{tmp}-0000.params", files[1])
-    os.replace(f"{tmp}-symbol.json", files[0])
-    return files
+    files, written = ModelFiles(prefix), ModelFiles(tmp)
+    os.replace(written.params(0), files.params(0))
+    os.replace(written.symbol, files.symbol)
+    return files.symbol, files.params(0)
 
 
 def export_onnx(prefix: str, onnx_path: str, image_size: int = FACE_SIZE) -> str:
     """PREFIX's model as ONNX (MXNet 1.9's exporter), batch dimension free."""
     with atomic_path(onnx_path) as tmp:
-        mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-0000.params",
+        files = ModelFiles(prefix)
+        mx.onnx.export_model(files.symbol, files.params(0),
                              in_shapes=[(1, 3, image_size, image_size)], in_types=[np.float32],
                              onnx_file_path=tmp, dynamic=True)
-        symbol = mx.sym.load(f"{prefix}-symbol.json")
+        symbol = mx.sym.load(files.symbol)
         _, out_shapes, _ = symbol.infer_shape(data=(1, 3, image_size, image_size))
         _tidy_onnx(tmp, image_size, out_shapes[0][1])
     return onnx_path

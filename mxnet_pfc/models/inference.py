@@ -19,7 +19,7 @@ import numpy as np
 import symbols
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
-from mxnet_pfc.runtime.run_folder import RunFolder
+from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
 from mxnet_pfc.training import checkpoint
 
 
@@ -89,7 +89,7 @@ def load_model(path: str):
             arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
             return symbol, arg_params, aux_params, f"checkpoint {path} ({network}, step {state['step']})"
         run = RunFolder(path)
-        if os.path.exists(f"{run.model}-symbol.json"):
+        if os.path.exists(run.model_files.symbol):
             return load_model(run.model)
         newest = checkpoint.latest(run.checkpoints)
         if newest is not None:
@@ -98,7 +98,7 @@ def load_model(path: str):
                          "or checkpoints/")
     prefix, _, epoch = path.partition(",")
     epoch = int(epoch) if epoch.strip().isdigit() else 0
-    files = [f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"]
+    files = [ModelFiles(prefix).symbol, ModelFiles(prefix).params(epoch)]
     if not all(os.path.exists(f) for f in files):
         raise ModelError(f"{path}: no model there: expected {' + '.join(files)}, a checkpoint folder or "
                          "a training output folder")

@@ -104,9 +104,12 @@ def load_checkpoint(prefix: str, epoch: int = 0, error_type=PfcError):
     mx.model.load_checkpoint reads them; a failure is error_type naming the file."""
     import mxnet as mx
 
-    file = f"{prefix}-symbol.json"
+    from mxnet_pfc.runtime.run_folder import ModelFiles
+
+    files = ModelFiles(prefix)
+    file = files.symbol
     try:
         symbol = mx.sym.load(file)
     except (mx.base.MXNetError, UnicodeDecodeError) as error:
         raise error_type(f"{file}: cannot load: {mxnet_reason(error)}") from None
-    return (symbol, *load_params(f"{prefix}-{epoch:04d}.params", error_type))
+    return (symbol, *load_params(files.params(epoch), error_type))

@@ -11,9 +11,39 @@ import os
 from dataclasses import dataclass
 
 MODEL = "model"          # OUTPUT/model: the prefix of the model for inference the trainer exports
-# what the trainer (model-symbol.json, -0000.params, -verification.json) and the export command
-# (.onnx, -onnx-check.json) write for that prefix
-MODEL_SUFFIXES = ("-symbol.json", "-0000.params", "-verification.json", ".onnx", "-onnx-check.json")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """The files of a model PREFIX, wherever it is: MXNet's own naming (PREFIX-symbol.json and
+    PREFIX-EPOCH.params, as mx.model.save_checkpoint writes them) and what the trainer (the verification)
+    and the export command (ONNX and its check) write beside them."""
+
+    prefix: str
+
+    @property
+    def symbol(self) -> str:
+        return self.prefix + "-symbol.json"
+
+    def params(self, epoch: int = 0) -> str:
+        return f"{self.prefix}-{epoch:04d}.params"
+
+    @property
+    def verification(self) -> str:
+        """The final verification of the model (the trainer's), read by embed for its threshold."""
+        return self.prefix + "-verification.json"
+
+    @property
+    def onnx(self) -> str:
+        return self.prefix + ".onnx"
+
+    @property
+    def onnx_check(self) -> str:
+        return self.prefix + "-onnx-check.json"
+
+    def written(self) -> "tuple[str, ...]":
+        """Every file the project writes for this prefix."""
+        return self.symbol, self.params(0), self.verification, self.onnx, self.onnx_check
 
 
 @dataclass(frozen=True)
@@ -51,15 +81,19 @@ class RunFolder:
         return self._path(MODEL)
 
     @property
-    def verification(self) -> str:
-        """The final verification of the exported model."""
-        return self.model + "-verification.json"
+    def images_index(self) -> str:
+        """The cached listing of an --images folder (data/folders.py): a cache, kept by --start_over."""
+        return self._path("images-index.json")
+
+    @property
+    def model_files(self) -> ModelFiles:
+        return ModelFiles(self.model)
 
     def run_files(self) -> "tuple[str, ...]":
         """Every path a run writes into OUTPUT: what --start_over moves aside together. The run lock, the
         elastic supervisor's files and the image index (a cache of the data) are not among them."""
         return (self.checkpoints, self.logs, self.metrics, self.tensorboard, self.config,
-                *(self.model + suffix for suffix in MODEL_SUFFIXES))
+                *self.model_files.written())
 
     @property
     def earlier_runs(self) -> str:

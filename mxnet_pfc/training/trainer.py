@@ -310,7 +310,7 @@ class Trainer:
         params = float32_params(symbol, backbone.average_arg, backbone.average_aux, "the rank-averaged backbone")
         export_model(prefix, symbol, *params)
         results = self.verify(self.plan.max_update, params)
-        write_json(self.run_folder.verification, results)
+        write_json(self.run_folder.model_files.verification, results)
         return prefix, results
 
     def finish(self, loss: float, started: float) -> dict:
@@ -343,7 +343,8 @@ class Trainer:
                                    if "accuracy" in r) or "no .bin sets"
             log.info(f"done: {steps} steps in {format_duration(time.time() - started)}, "
                      f"final loss {loss:.4f}, verification of the exported model: {accuracies}; checkpoint {last}; "
-                     f"model for inference: {prefix}-symbol.json + {prefix}-0000.params")
+                     f"model for inference: {self.run_folder.model_files.symbol} + "
+                     f"{self.run_folder.model_files.params(0)}")
         mx.nd.waitall()
         comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 writes
         if self.rank == 0:      # the run's own word that it ended normally, for a supervisor (runtime/supervisor.py)
