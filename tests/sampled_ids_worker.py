@@ -1,4 +1,4 @@
-"""The trainer (mxnet_pfc.trainer.main) with each step's sampled local ids saved per rank.
+"""The trainer (mxnet_pfc.train.main) with each step's sampled local ids saved per rank.
 
   horovodrun ... python sampled_ids_worker.py [trainer options]   ->  OUTPUT/sampled-rankR-stepS.npy
 """
@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 
+from mxnet_pfc import train
 from mxnet_pfc.head.partial_fc import PartialFC
 from mxnet_pfc.runtime import comm
-from mxnet_pfc.training import trainer
 
 original = PartialFC.forward_backward
 steps = {"done": 0}
@@ -28,4 +28,4 @@ PartialFC.forward_backward = recording
 args = sys.argv[1:]
 if args[:1] == ["--"]:          # horovodrun reads options it knows by prefix, even after the command
     args = args[1:]
-sys.exit(trainer.main(args))
+sys.exit(train.main(args))

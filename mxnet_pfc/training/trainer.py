@@ -352,19 +352,3 @@ class Trainer:
                                         samples_seen=self.samples_seen(self.plan.max_update), world_size=self.world,
                                         checkpoint=last, length=[self.cfg.max_update, self.cfg.num_epoch])
         return summary
-
-
-def main(argv=None) -> int:
-    try:
-        cfg = config_lib.parse_args(argv)
-    except config_lib.ConfigError as error:
-        print(f"mxnet_pfc.train: configuration error: {error}", file=sys.stderr)
-        return 2
-    stops.watch_signals()
-    try:
-        train(cfg)
-        comm.shutdown()
-    except Exception as error:
-        return stops.stop_on_error(error)
-    return 0
-
