@@ -85,17 +85,22 @@ def test_a_crafted_optimizer_pickle_runs_nothing_and_is_refused_on_every_rank(re
     assert saved_steps(output / "checkpoints") == [24]          # nothing written after it
 
 
-def test_a_format_1_checkpoint_still_resumes_exactly(reference, tmp_path):
-    """Checkpoints of the previous version (pickled optimizer state) continue as the uninterrupted run."""
-    data, run = reference
-    output = tmp_path / "run"
-    as_format_1(ckpt(run / "checkpoints", 24), output / "checkpoints" / "step-00000024")
+def resumes_as_the_uninterrupted_run(data, run, output):
+    """--resume latest from the one checkpoint in OUTPUT: steps 25-30 lose what the reference run lost."""
     proc = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--resume", "latest")),
                        timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     expected, got = losses(run), losses(output)
     assert sorted(got) == list(range(25, 31))
     np.testing.assert_allclose([got[s] for s in got], [expected[s] for s in got], rtol=1e-5)
+
+
+def test_a_format_1_checkpoint_still_resumes_exactly(reference, tmp_path):
+    """Checkpoints of the version before issue 22 (pickled optimizer state) continue as the uninterrupted run."""
+    data, run = reference
+    output = tmp_path / "run"
+    as_format_1(ckpt(run / "checkpoints", 24), output / "checkpoints" / "step-00000024")
+    resumes_as_the_uninterrupted_run(data, run, output)
     # the new checkpoints come after the old one, and hold arrays only
     saved = checkpoint.list_checkpoints(str(output / "checkpoints"))
     assert [(c.sequence, c.step) for c in saved] == [(0, 24), (1, 30)]
@@ -108,12 +113,7 @@ def test_a_format_2_checkpoint_still_resumes_exactly(reference, tmp_path):
     output = tmp_path / "run"
     old = ckpt(run / "checkpoints", 24)
     as_format_2(old, output / "checkpoints" / old.name)
-    proc = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--resume", "latest")),
-                       timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    expected, got = losses(run), losses(output)
-    assert sorted(got) == list(range(25, 31))
-    np.testing.assert_allclose([got[s] for s in got], [expected[s] for s in got], rtol=1e-5)
+    resumes_as_the_uninterrupted_run(data, run, output)
     newest = checkpoint.latest(str(output / "checkpoints"))
     assert newest.step == 30 and json.loads(open(os.path.join(newest.path, "state.json")).read())["format"] == 3
 
