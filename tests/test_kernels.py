@@ -81,12 +81,9 @@ def kernel_inputs(full: bool):
 def test_both_implementations_keep_the_interfaces_in_place_contract(both, full):
     """HeadOps' docstrings, checked on each implementation: what is written in place, what is returned, what
     stays. grad of sgd_rows is scratch (either may overwrite it); both update exactly the rows of index."""
-    from mxnet_pfc import CombinedMarginLoss
-
     a = {k: v if v.dtype == np.int32 else v.astype(np.float32) for k, v in kernel_inputs(full).items()}
     R, S = a["weight"].shape[0], a["index"].shape[0]
     others = np.setdiff1d(np.arange(R), a["index"])
-    margin = CombinedMarginLoss.from_name("arcface", s=30.0)
     updated = []
     for impl in both:
         assert isinstance(impl, HeadOps)
@@ -102,10 +99,20 @@ def test_both_implementations_keep_the_interfaces_in_place_contract(both, full):
         np.testing.assert_allclose(inv_rows.asnumpy(), inv.asnumpy()[a["index"]], rtol=1e-6)
 
         logits, col_scale = arr["logits"], 30.0 * inv_rows
-        scaled, lse, f_t, df_t = impl.scale_lse(logits, col_scale, arr["target"], arr["mask"], margin)
+        scaled, lse_others, target_scos = impl.scale_lse(logits, col_scale, arr["target"], arr["mask"])
         assert scaled is logits, impl.name                      # scaled in place
-        np.testing.assert_allclose(logits.asnumpy(), a["logits"] * col_scale.asnumpy()[None], rtol=1e-6)
-        assert (f_t.asnumpy()[a["mask"] == 0] == 0).all() and (df_t.asnumpy()[a["mask"] == 0] == 0).all()
+        expected = a["logits"] * col_scale.asnumpy()[None].astype(np.float64)
+        np.testing.assert_allclose(logits.asnumpy(), expected, rtol=1e-6)
+        # the target's scaled logit, unmargined, on rows with mask 1; 0 elsewhere
+        rows = np.arange(a["mask"].shape[0])
+        owned = a["mask"] > 0
+        np.testing.assert_array_equal(target_scos.asnumpy(), np.where(owned, logits.asnumpy()[rows, a["target"]], 0))
+        # the log-sum-exp of the other columns (every column where mask is 0)
+        kept = np.ones_like(expected, dtype=bool)
+        kept[rows[owned], a["target"][owned]] = False
+        np.testing.assert_allclose(lse_others.asnumpy(), np.log(np.where(kept, np.exp(expected), 0).sum(axis=1)),
+                                   rtol=1e-5)
+        lse = lse_others        # softmax_grad below takes any log-sum-exp
 
         grad, b = impl.softmax_grad(logits, lse, inv_rows, arr["target"], arr["mask"], arr["target_grad"], 30.0,
                                     a["xh"].shape[0])
@@ -135,14 +142,9 @@ def test_both_implementations_keep_the_interfaces_in_place_contract(both, full):
     np.testing.assert_allclose(m_fused, m_mxnet, rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("margin", ["arcface", "cosface", "combined"])
 @pytest.mark.parametrize("threshold", [None, 2.0])     # inter-class filtering off / on (scaled units)
-def test_each_kernel_matches_its_mxnet_twin(both, threshold, margin):
-    """Same inputs through both kernel sets, including the margin of the target logit (one
-    formula in margin.py and pfc_kernels.cc) on both of its branches."""
-    from mxnet_pfc import CombinedMarginLoss
-
-    margin = CombinedMarginLoss.from_name(margin, s=30.0)
+def test_each_kernel_matches_its_mxnet_twin(both, threshold):
+    """Same inputs through both kernel sets (the margin is not theirs: the host's, after collective 2)."""
     fused, plain = both
     rng = np.random.default_rng(0)
     N, S, D, R = 16, 700, 24, 2000          # S > one column block of the gradient kernel
@@ -151,7 +153,7 @@ def test_each_kernel_matches_its_mxnet_twin(both, threshold, margin):
     target = rng.integers(0, S, N).astype(np.int32)
     mask = (rng.random(N) < 0.6).astype(np.float32)
     raw = rng.uniform(-1, 1, size=(N, S))
-    # target cosines across (-1, 1): ArcFace's fallback branch (m1 * theta + m2 > pi) included
+    # target cosines across (-1, 1)
     raw[np.arange(N), target] = np.linspace(-0.99, 0.99, N) * np.linalg.norm(weight[index[target]], axis=1)
     raw = raw.astype(np.float32)
     target_grad = rng.normal(size=N).astype(np.float32)
@@ -160,15 +162,17 @@ def test_each_kernel_matches_its_mxnet_twin(both, threshold, margin):
     for ops in (fused, plain):
         w, idx = nd.array(weight), nd.array(index, dtype="int32")
         cosw, inv = ops.logits(nd.array(xh), w, idx, out=nd.zeros((N, S)))
-        logits, lse, f_t, df_t = ops.scale_lse(nd.array(raw), 30.0 * inv, nd.array(target, dtype="int32"),
-                                               nd.array(mask), margin, threshold)
+        logits, lse_others, target_scos = ops.scale_lse(nd.array(raw), 30.0 * inv, nd.array(target, dtype="int32"),
+                                                        nd.array(mask), threshold)
+        # the gradient kernel takes a global log-sum-exp; this rank's, with the target column, stands in for it
+        lse = nd.array(np.logaddexp(lse_others.asnumpy(), target_scos.asnumpy()))
         grad, b = ops.softmax_grad(logits.copy(), lse, inv, nd.array(target, dtype="int32"), nd.array(mask),
                                    nd.array(target_grad), 30.0, N, threshold)
         mom = nd.full((R, D), 0.01)
         grad_xh = ops.center_step(grad, nd.array(xh), b * inv, idx, w, mom, 0.1, 0.9, 5e-4)
-        results.append([a.asnumpy() for a in (cosw, inv, logits, lse, grad, b, grad_xh, w, mom, f_t, df_t)])
-    names = ["logits (cos |w|)", "inv_norm", "scaled logits", "lse", "grad", "b", "grad_xh", "weight", "mom",
-             "f_t", "df_t"]
+        results.append([a.asnumpy() for a in (cosw, inv, logits, lse_others, grad, b, grad_xh, w, mom, target_scos)])
+    names = ["logits (cos |w|)", "inv_norm", "scaled logits", "lse_others", "grad", "b", "grad_xh", "weight", "mom",
+             "target_scos"]
     for name, a, b in zip(names, *results):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6 * max(1.0, np.abs(b).max()), err_msg=name)
     # the products and the SGD against float64
@@ -182,17 +186,23 @@ def test_each_kernel_matches_its_mxnet_twin(both, threshold, margin):
     untouched = np.setdiff1d(np.arange(R), index)
     assert np.array_equal(results[0][7][untouched], weight[untouched]), "rows outside the index changed"
     assert (results[0][8][untouched] == np.float32(0.01)).all(), "momentum outside the index changed"
+    # lse_others and target_scos against float64: the target column left out of the sum on rows with
+    # mask 1 (and its scaled logit returned), every column in it elsewhere; filtered cells enter as logit 0
+    logits = results[0][2].astype(np.float64)
+    np.testing.assert_allclose(logits, raw * 30.0 * results[0][1][None].astype(np.float64), rtol=1e-5)
+    rows = np.arange(N)
+    target_cell = np.zeros((N, S), dtype=bool)
+    target_cell[rows[mask > 0], target[mask > 0]] = True
+    filtered = np.zeros((N, S), dtype=bool) if threshold is None else (logits > threshold) & ~target_cell
+    values = np.where(filtered, 0.0, logits)
+    expected = np.log(np.where(target_cell, 0.0, np.exp(values)).sum(axis=1))
+    for k in (0, 1):
+        np.testing.assert_allclose(results[k][3], expected, rtol=1e-5, err_msg=f"lse_others, {fused, plain}[{k}]")
+        np.testing.assert_array_equal(results[k][9], np.where(mask > 0, results[k][2][rows, target], 0.0))
     if threshold is not None:       # filtered: above the threshold and not a target; no gradient
-        logits, grad = results[0][2], results[0][4]
-        filtered = logits > threshold
-        filtered[np.arange(N)[mask > 0], target[mask > 0]] = False
+        grad = results[0][4]
         assert 0.1 < filtered.mean() < 0.9
         assert (grad[filtered] == 0).all() and (results[1][4][filtered] == 0).all()
-        # and they enter the log-sum-exp as logit 0, the target as f_t: one row by hand, in float64
-        row = next(i for i in range(N) if mask[i] > 0)
-        others = np.delete(np.where(filtered[row], 0.0, logits[row].astype(np.float64)), target[row])
-        expected = np.log(np.exp(others).sum() + np.exp(np.float64(results[0][9][row])))
-        assert results[0][3][row] == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["all", "runs", "scattered", "one"])
@@ -246,18 +256,37 @@ def test_a_step_with_one_center_matches_float64(fused, num_classes, rate):
     np.testing.assert_allclose(pfc.bank.weight.asnumpy()[[label]], new_w, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("margin", ["arcface", "cosface"])
-def test_a_nan_target_logit_stays_nan_in_both_paths(both, margin):
-    """A row whose only non-finite cell is its target: f_t and the row's log-sum-exp must be NaN,
-    so that the loss check stops the step (under -ffast-math a clamp to [-1, 1] can turn NaN into 1)."""
-    from mxnet_pfc import CombinedMarginLoss
-
-    margin = CombinedMarginLoss.from_name(margin)
+def test_a_nan_target_logit_stays_nan_in_both_paths(both):
+    """A row whose only non-finite cell is its target: its target_scos must be NaN (its lse_others finite),
+    so that the loss the host computes from them is NaN and the loss check stops the step."""
     logits = np.random.default_rng(1).uniform(-0.5, 0.5, size=(3, 5)).astype(np.float32)
     logits[1, 2] = np.nan
     target, mask = nd.array([0, 2, 4], dtype="int32"), nd.array([1, 1, 0])
     for ops in both:
-        _, lse, f_t, _ = ops.scale_lse(nd.array(logits), nd.ones((5,)), target, mask, margin, 0.3 * margin.s)
-        lse, f_t = lse.asnumpy(), f_t.asnumpy()
-        assert np.isnan(f_t[1]) and np.isnan(lse[1]), (ops.name, f_t, lse)
-        assert np.isfinite(lse[[0, 2]]).all() and np.isfinite(f_t[[0, 2]]).all(), ops.name
+        _, lse_others, target_scos = ops.scale_lse(nd.array(logits), nd.ones((5,)), target, mask, 0.3 * 64)
+        lse_others, target_scos = lse_others.asnumpy(), target_scos.asnumpy()
+        assert np.isnan(target_scos[1]) and np.isfinite(lse_others).all(), (ops.name, target_scos, lse_others)
+        assert np.isfinite(target_scos[[0, 2]]).all() and target_scos[2] == 0, ops.name
+
+
+@pytest.mark.parametrize("margin", ["arcface", "cosface", "combined"])
+def test_the_host_margin_matches_the_reference_formula(margin):
+    """CombinedMarginLoss.target_logit (float64, on the host after collective 2) against the test's own
+    formula on both branches (ArcFace's fallback past pi included); NaN and Inf cosines pass through, and
+    global_softmax then gives a non-finite loss."""
+    from mxnet_pfc import CombinedMarginLoss
+    from mxnet_pfc.head.partial_fc import global_softmax
+    from reference import target_logit
+
+    m = CombinedMarginLoss.from_name(margin, s=30.0)
+    c = np.linspace(-1.0, 1.0, 201)[1:-1]
+    f, df = m.target_logit(c)
+    ref_f, ref_df = target_logit(c, *m.as_tuple())
+    assert f.dtype == df.dtype == np.float64
+    np.testing.assert_allclose(f, ref_f, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(df, ref_df, rtol=1e-12, atol=1e-12)
+    for bad in (np.nan, np.inf, -np.inf):
+        f, df = m.target_logit(np.array([0.5, bad]))
+        assert np.isfinite(f[0]) and not np.isfinite(f[1]) and not np.isfinite(df[1]), (bad, f, df)
+        parts = np.array([[[1.0, 2.0], [0.0, 0.0]], [[3.0, 1.0], [15.0, 30.0 * bad]]])   # (W=2, 2, N=2)
+        assert not np.isfinite(global_softmax(parts, m, 2)[1]), bad

@@ -8,17 +8,17 @@ InsightFace's reference uses with "easy margin" off. For ArcFace
 (m1=1, m2=0.5, m3=0) the whole curve then decreases monotonically in the
 angle. With m2 = 0 (CosFace) and m1 <= 1 the branch is never taken.
 
-docs/DESIGN.md section 2.3 derives f and df/dc. The fused CPU kernel
-pfc_scale_lse (kernels/pfc_kernels.cc, `Margin`) evaluates the same formula
-inside its log-sum-exp pass; tests/test_kernels.py checks the two agree.
+docs/DESIGN.md section 2.3 derives f and df/dc. The head applies the margin on
+the host, in float64, after collective 2 (partial_fc.global_softmax): by then
+every rank has the target cosine of every row of the global batch, which a
+per-sample or batch-statistic margin needs. tests/test_distributed.py checks it
+against an independent float64 computation.
 """
 from __future__ import annotations
 
 import math
 
-import mxnet as mx
-
-nd = mx.nd
+import numpy as np
 
 # The losses by name, the one table of them (the trainer's --loss presets are
 # built from it): scale s and margins m1, m2, m3.
@@ -70,17 +70,23 @@ class CombinedMarginLoss:
     def __repr__(self) -> str:
         return f"CombinedMarginLoss(s={self.s}, m1={self.m1}, m2={self.m2}, m3={self.m3})"
 
-    def target_logit(self, cos_t: nd.NDArray) -> "tuple[nd.NDArray, nd.NDArray]":
-        """(f, df/dc) for target cosines cos_t (any shape); values clipped to [-1, 1]."""
-        c = nd.clip(cos_t, -1.0, 1.0)
+    def target_logit(self, cos_t: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+        """(f, df/dc) in float64 for target cosines cos_t (any shape); values clipped to [-1, 1].
+
+        A NaN or infinite cosine gives f = df = s * cos_t: passed on, so that the loss check sees it
+        (the clip would turn +-Inf into +-1)."""
+        cos_t = np.asarray(cos_t, dtype=np.float64)
+        c = np.clip(cos_t, -1.0, 1.0)
         if self.m1 == 1.0 and self.m2 == 0.0:  # CosFace and plain softmax: linear in c
-            return self.s * (c - self.m3), nd.full(c.shape, self.s, ctx=c.context, dtype=c.dtype)
-        theta = nd.arccos(c)
-        angle = self.m1 * theta + self.m2
-        main = nd.cos(angle) - self.m3
-        sin_theta = nd.maximum(nd.sin(theta), _MIN_SIN)
-        main_grad = self.m1 * nd.sin(angle) / sin_theta
-        in_range = theta <= self.theta_limit
-        f = nd.where(in_range, main, c - self.m3 - self.fallback_shift)
-        grad = nd.where(in_range, main_grad, nd.ones_like(c))
-        return self.s * f, self.s * grad
+            f, grad = c - self.m3, np.ones_like(c)
+        else:
+            with np.errstate(invalid="ignore"):     # NaN cosines: replaced below
+                theta = np.arccos(c)
+                angle = self.m1 * theta + self.m2
+                in_range = theta <= self.theta_limit
+            main_grad = self.m1 * np.sin(angle) / np.maximum(np.sin(theta), _MIN_SIN)
+            f = np.where(in_range, np.cos(angle) - self.m3, c - self.m3 - self.fallback_shift)
+            grad = np.where(in_range, main_grad, 1.0)
+        finite = np.isfinite(cos_t)
+        scaled = self.s * cos_t
+        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)

@@ -6,9 +6,12 @@ their SGD momentum). One step, for the global batch of N = B x world_size rows:
   allgather      every rank's input header, labels and embeddings  (collective 1)
                  -> every rank checks every rank's input; bad input raises everywhere
   sample         every positive center of the batch + uniform negatives
-  logits         s * cos against the sampled centers, margin on the target
-  allgather      every rank's row log-sum-exp and target logits     (collective 2)
-                 -> the exact softmax denominator over all ranks' centers
+  logits         s * cos against the sampled centers; per row the log-sum-exp
+                 of the non-target columns and the target's s * cos
+  allgather      every rank's (lse_others, s * cos_t) per row        (collective 2)
+  margin, loss   on the host, in float64, identically on every rank: each row's
+                 target cosine, its margined logit f_t, the exact softmax
+                 denominator over all ranks' centers, the loss
   gradients      d loss / d embeddings, allreduced over ranks       (collective 3)
   update         momentum SGD of the sampled centers only
 
@@ -16,6 +19,11 @@ The parts: exchange.py checks and packs the inputs of collective 1;
 memory_bank.py holds this rank's centers, momentum and their SGD; sampler.py
 picks the centers a step uses; this module runs the step. docs/DESIGN.md section 2 has
 the math; the code below follows its names.
+
+The margin is applied on the host after collective 2, not in the logits kernel:
+that collective gives every rank the target cosine of every row of the global
+batch, which a margin depending on the sample or on batch statistics needs (the
+adaptive-margin losses), at no cost beyond the 2 x N numbers it already carried.
 """
 from __future__ import annotations
 
@@ -64,22 +72,27 @@ class NonFiniteLossError(PfcError, FloatingPointError):
     """The loss of a step is NaN or infinite; raised on every rank before any center moves."""
 
 
-def global_softmax(parts: np.ndarray, rank: int, mean_over: int) -> "tuple[np.ndarray, float, np.ndarray]":
-    """(lse (N,), loss, target_coef (N,)) from every rank's (lse_local, f_t) rows, in float64.
+def global_softmax(parts: np.ndarray, margin: CombinedMarginLoss,
+                   mean_over: int) -> "tuple[np.ndarray, float, np.ndarray, np.ndarray]":
+    """(lse, loss, target_coef, df_t), each (N,) but loss, from every rank's (lse_others, target_scos) rows,
+    in float64, for every row of the global batch (the same on every rank).
 
-    parts (W, 2, N): rank r's log-sum-exp over its columns and its margined target
-    logits (0 on rows whose label it does not own). lse is the log-sum-exp over all
-    ranks' columns, the loss the mean of lse - f_target over the N rows, and
-    target_coef = (p_target - 1) / mean_over for this rank's targets: the target
-    cell's gradient before the margin's derivative (docs/DESIGN.md section 2.4).
+    parts (W, 2, N): rank r's log-sum-exp over its non-target columns and its scaled target
+    logits s * cos_t (0 on rows whose label it does not own: each row has one owner). The
+    margin gives the target logit f_t and d f_t / d cos_t (df_t) of every row; lse is the
+    log-sum-exp over all ranks' non-target columns and f_t, the loss the mean of lse - f_t
+    over the N rows, and target_coef = (p_target - 1) / mean_over: the target cell's
+    gradient before the margin's derivative df_t (docs/DESIGN.md section 2.4).
     """
     parts = np.asarray(parts, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):     # non-finite input is reported by the caller
-        top = parts[:, 0, :].max(axis=0)
-        lse = top + np.log(np.exp(parts[:, 0, :] - top).sum(axis=0))
-        loss = float(np.mean(lse - parts[:, 1, :].sum(axis=0)))
-        target_coef = (np.exp(parts[rank, 1, :] - lse) - 1.0) / mean_over
-    return lse, loss, target_coef
+        f_t, df_t = margin.target_logit(parts[:, 1, :].sum(axis=0) / margin.s)
+        others = parts[:, 0, :]
+        top = others.max(axis=0)
+        lse = np.logaddexp(top + np.log(np.exp(others - top).sum(axis=0)), f_t)
+        loss = float(np.mean(lse - f_t))
+        target_coef = (np.exp(f_t - lse) - 1.0) / mean_over
+    return lse, loss, target_coef, df_t
 
 
 class PartialFC:
@@ -220,28 +233,30 @@ class PartialFC:
         inv_x = self.ops.inv_norm(x_all).reshape((-1, 1))
         xh = nd.broadcast_mul(x_all, inv_x)
         scos, inv_w = bank.logits(xh, index, out=self.workspace.get("logits", (N, S)))
-        # Scaled in place. Per row: the margined target logit f_t (0 on rows of other ranks)
-        # and its derivative df_t, and lse_local, the log-sum-exp of this rank's columns with
-        # the target entered as f_t (never subtracted from a sum holding the unmargined one:
-        # that loses the other terms). With inter-class filtering a non-target column whose
-        # s * cos exceeds s * T counts as 0.
+        # Scaled in place. Per row: lse_others, the log-sum-exp of this rank's columns other
+        # than the target (the target is never subtracted from a sum holding it: that loses
+        # the other terms), and target_scos, the target's s * cos, unmargined (0 on rows of
+        # other ranks). With inter-class filtering a non-target column whose s * cos exceeds
+        # s * T counts as 0.
         threshold = s * self.filter_threshold if self.filter_threshold > 0 else None
-        scos, lse_local, f_t, df_t = self.ops.scale_lse(scos, s * inv_w, target, mask, self.margin, threshold)
-        # Collective 2: every rank's row log-sum-exp and target logits. The global
-        # log-sum-exp over ranks is then computed identically everywhere (this is
-        # the "allreduce max, allreduce sum of exp" of the method in one call), on
-        # the host in float64: the loss is needed there anyway.
-        parts = comm.allgather(nd.stack(lse_local, f_t).reshape((1, 2, N)), name="pfc.lse").asnumpy()
+        scos, lse_others, target_scos = self.ops.scale_lse(scos, s * inv_w, target, mask, threshold)
+        # Collective 2: every rank's (lse_others, target_scos). Every rank then has the target
+        # cosine of every row and computes, identically, on the host in float64 (the loss is
+        # needed there anyway): the margin, and the log-sum-exp over all ranks' columns with
+        # the target entered as its margined logit (the "allreduce max, allreduce sum of exp"
+        # of the method in one call).
+        parts = comm.allgather(nd.stack(lse_others, target_scos).reshape((1, 2, N)), name="pfc.lse").asnumpy()
         mean_over = N * micro_batches       # the samples of the mean loss being trained
-        lse, loss_value, target_coef = global_softmax(parts, self.rank, mean_over)
+        lse, loss_value, target_coef, df_t = global_softmax(parts, self.margin, mean_over)
         # The loss is the same on every rank, so every rank stops here together,
         # before any center moves.
         if not np.isfinite(loss_value):
             self._raise_nonfinite(loss_value, parts)
 
         # Backward. gs = d loss / d cos, divided column-wise by |w_j|; b_j = sum_i gs_ij cos_ij.
-        lse, target_coef = nd.array(np.stack([lse, target_coef]), ctx=self.ctx, dtype="float32")
-        grad_t = target_coef * df_t * nd.take(inv_w, target)
+        # The target cell: (p_t - 1) / N * df_t, times inv_w (used on this rank's target rows only).
+        lse, target_grad = nd.array(np.stack([lse, target_coef * df_t]), ctx=self.ctx, dtype="float32")
+        grad_t = target_grad * nd.take(inv_w, target)
         gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, mean_over, threshold)
         # The embeddings' gradient and the centers' SGD, in one pass over the sampled rows
         # (b * inv_w scales the radial term of the normalisation: grad_w_j - coef_j * w_j);

@@ -38,10 +38,12 @@ class HeadOps(ABC):
         """Writes xh . weight[index]^T (cos * |w|, N x S) into `out`; returns (out, 1 / |weight[index]| (S,))."""
 
     @abstractmethod
-    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
-        """Scales `logits` (N, S) in place by col_scale (S,) per column; returns (logits, lse, f_t, df_t), each (N,):
-        the row's log-sum-exp with its target entered as the margined f_t, f_t and its derivative df_t (0 on rows
-        whose mask is 0). threshold (scaled units) or None: inter-class filtering (docs/DESIGN.md 2.3, 2.10)."""
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
+        """Scales `logits` (N, S) in place by col_scale (S,) per column; returns (logits, lse_others, target_scos),
+        each (N,): the row's log-sum-exp over its columns other than the target (all columns where mask is 0;
+        -1e30 for a row with no column left) and the target's scaled logit, unmargined (0 where mask is 0). The
+        margin is the host's (docs/DESIGN.md 2.3-2.4). threshold (scaled units) or None: inter-class filtering of
+        the non-target columns (2.10)."""
 
     @abstractmethod
     def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
@@ -70,12 +72,6 @@ def head_ops(ctx: mx.Context, fused: "bool | None" = None) -> HeadOps:
     elif fused and not (ctx.device_type == "cpu" and load_fused()):
         raise RuntimeError("fused kernels requested but unavailable for " + str(ctx))
     return FusedOps() if fused else MXNetOps()
-
-
-def logaddexp(a: nd.NDArray, b: nd.NDArray) -> nd.NDArray:
-    """log(exp(a) + exp(b)) without overflow; either may be -inf (not both)."""
-    top = nd.maximum(a, b)
-    return top + nd.log(nd.exp(a - top) + nd.exp(b - top))
 
 
 def take_rows(weight: nd.NDArray, index: nd.NDArray) -> nd.NDArray:
@@ -115,11 +111,9 @@ class FusedOps(HeadOps):
     def inv_norm(self, weight):
         return nd.pfc_inv_norm(weight)
 
-    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
-        s, m1, m2, m3 = margin.as_tuple()
-        lse, f_t, df_t = nd.pfc_scale_lse(logits, col_scale, target, mask, s=repr(s), m1=repr(m1), m2=repr(m2),
-                                          m3=repr(m3), **_filter_attrs(threshold))
-        return logits, lse, f_t, df_t
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
+        lse_others, target_scos = nd.pfc_scale_lse(logits, col_scale, target, mask, **_filter_attrs(threshold))
+        return logits, lse_others, target_scos
 
     def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
         b = nd.pfc_softmax_grad(logits, lse, inv_norm, target, mask, target_grad, s=s, inv_n=1.0 / n,
@@ -163,7 +157,7 @@ class MXNetOps(HeadOps):
         nd._internal._scatter_set_nd(lhs=matrix, rhs=values, indices=nd.stack(rows, target),
                                      shape=matrix.shape, out=matrix)
 
-    def scale_lse(self, logits, col_scale, target, mask, margin, threshold=None):
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
         logits = nd.broadcast_mul(logits, col_scale.reshape((1, -1)), out=logits)
         others = logits.copy()
         if threshold is not None:       # filtered cells enter the sum as logit 0
@@ -174,13 +168,8 @@ class MXNetOps(HeadOps):
         self._set_targets(others, target, mask, nd.full(mask.shape, -1e30, ctx=mask.context))
         top = nd.max(others, axis=1)
         lse_others = top + nd.log(nd.sum(nd.exp(nd.broadcast_sub(others, top.reshape((-1, 1)))), axis=1))
-        f_t, df_t = margin.target_logit(nd.pick(logits, target, axis=1) / margin.s)
-        zeros = nd.zeros_like(f_t)
-        f_t, df_t = nd.where(mask, f_t, zeros), nd.where(mask, df_t, zeros)    # rows of other ranks: 0, unused
-        # The target enters the sum as its margined logit; it is never subtracted
-        # from a sum that holds the unmargined one (that loses the other terms).
-        lse = nd.where(mask, logaddexp(lse_others, f_t), lse_others)
-        return logits, lse, f_t, df_t
+        target_scos = nd.where(mask, nd.pick(logits, target, axis=1), nd.zeros_like(lse_others))
+        return logits, lse_others, target_scos
 
     def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
         grad = nd.exp(nd.broadcast_sub(logits, lse.reshape((-1, 1))))

@@ -7,9 +7,9 @@
 //
 //   pfc_inv_norm         inv_norm[r] = 1 / |weight[r]|
 //   pfc_scale_lse        logits[i, j] *= col_scale[j] (in place); per row the
-//                        log-sum-exp over every column except the row's target,
-//                        the margined target logit f_t and its derivative df_t,
-//                        and the row's log-sum-exp with f_t in it (lse_local)
+//                        log-sum-exp over every column except the row's target
+//                        (lse_others) and the target's scaled logit s * cos_t
+//                        (target_scos), unmargined
 //   pfc_softmax_grad     logits -> d loss / d cos * inv_norm (in place), and
 //                        b[j] = sum_i grad[i, j] * cos[i, j]
 //   pfc_sgd_rows         momentum SGD of the sampled rows of weight and mom in
@@ -30,6 +30,12 @@
 // off): a non-target cell whose scaled logit exceeds it counts as logit 0 in
 // the log-sum-exp and gets gradient 0. The scaled logit itself is kept in
 // place, so both kernels make the same decision from the same float.
+//
+// No margin here: the target's margined logit f_t and its derivative are computed on
+// the host, in float64, after collective 2 has brought every rank's lse_others and
+// target_scos to every rank (partial_fc.global_softmax, margin.py). A per-sample or
+// batch-statistic margin needs the whole global batch's target cosines, which only
+// the host has, after that collective (docs/DESIGN.md sections 2.3-2.4).
 //
 // The math is in docs/DESIGN.md section 2 and partial_fc.py (the margin: margin.py);
 // these only fuse it.
@@ -66,11 +72,6 @@ float attr_float(const std::unordered_map<std::string, std::string>& attrs, cons
   return it == attrs.end() ? 0.0f : std::stof(it->second);
 }
 
-double attr_double(const std::unordered_map<std::string, std::string>& attrs, const char* key) {
-  auto it = attrs.find(key);
-  return it == attrs.end() ? 0.0 : std::stod(it->second);
-}
-
 // The inter-class filter: (on, threshold in scaled units).
 struct Filter {
   bool on;
@@ -91,47 +92,6 @@ inline bool filtered(float logit, float threshold) {
 template <bool kFiltered>
 inline float kept(float logit, float threshold) {
   return kFiltered && filtered(logit, threshold) ? 0.0f : logit;
-}
-
-// The combined margin of the target logit (margin.py's CombinedMarginLoss.target_logit,
-// the same formula and 1e-6 floor; the two are checked against each other in
-// tests/test_kernels.py). Per row, in double: N values, not N x S.
-struct Margin {
-  double s, m1, m2, m3, theta_limit, fallback_shift;
-  bool linear;
-  explicit Margin(const std::unordered_map<std::string, std::string>& attrs)
-      : s(attr_double(attrs, "s")), m1(attr_double(attrs, "m1")), m2(attr_double(attrs, "m2")),
-        m3(attr_double(attrs, "m3")), theta_limit((M_PI - m2) / m1), fallback_shift(m2 * std::sin(m2)),
-        linear(m1 == 1.0 && m2 == 0.0) {}
-  // (f, df/dc) for the target's scaled logit s * c
-  void target_logit(float scaled, float* f, float* df) const {
-    if (not_finite(scaled)) {         // passed on for the loss check: under -ffast-math the
-      *f = *df = scaled;              // clamp below compiles to min/max, which turn NaN into 1
-      return;
-    }
-    double c = scaled / s;
-    c = c < -1.0 ? -1.0 : (c > 1.0 ? 1.0 : c);
-    if (linear) {                     // CosFace and plain softmax
-      *f = static_cast<float>(s * (c - m3));
-      *df = static_cast<float>(s);
-      return;
-    }
-    const double theta = std::acos(c);
-    if (theta <= theta_limit) {
-      const double angle = m1 * theta + m2, sin_theta = std::sin(theta);
-      *f = static_cast<float>(s * (std::cos(angle) - m3));
-      *df = static_cast<float>(s * m1 * std::sin(angle) / (sin_theta > 1e-6 ? sin_theta : 1e-6));
-    } else {                          // m1 * theta + m2 > pi: InsightFace's fallback branch
-      *f = static_cast<float>(s * (c - m3 - fallback_shift));
-      *df = static_cast<float>(s);
-    }
-  }
-};
-
-// log(exp(a) + exp(b)) with the max shift; a may be kEmptyLse.
-inline float log_add_exp(float a, float b) {
-  const float top = a > b ? a : b;
-  return top + std::log(std::exp(a - top) + std::exp(b - top));
 }
 
 // Momentum SGD of one center with the radial term of the normalisation (docs/DESIGN.md
@@ -179,13 +139,15 @@ MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs
 
 // ------------------------------------------------------------ log-sum-exp
 // Inputs: logits (N, S) [mutated], col_scale (S), target (N) int32, mask (N).
-// Attrs: s, m1, m2, m3 (Margin); threshold (optional, see Filter).
+// Attrs: threshold (optional, see Filter).
 // Outputs, per row i:
-//   lse_local (N): log-sum-exp over the columns j != target[i] plus the margined
-//                  target logit when mask[i] != 0; over all columns otherwise.
-//                  The target column is left out and f_t added with log-add-exp,
-//                  never subtracted: subtracting a dominant term loses the rest.
-//   f_t, df_t (N): the margined target logit and d f_t / d cos (0 where mask[i] = 0).
+//   lse_others (N):  log-sum-exp over the columns j != target[i] when mask[i] != 0,
+//                    over all columns otherwise; kEmptyLse for a row with no column
+//                    left. The target column is left out, never subtracted: the
+//                    host adds the margined target with log-add-exp (subtracting a
+//                    dominant term from a float32 sum loses the rest).
+//   target_scos (N): the target's scaled logit s * cos_t as it is in the row
+//                    (NaN and Inf passed on), 0 where mask[i] = 0.
 // One row: scale in place, then the log-sum-exp over [0, skip) and (skip, S).
 template <bool kFiltered>
 float row_lse(float* row, const float* col_scale, int64_t skip, int64_t S, float threshold) {
@@ -217,25 +179,17 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
   const float* col_scale = (*inputs)[1].data<float>();
   const int32_t* target = (*inputs)[2].data<int32_t>();
   const float* mask = (*inputs)[3].data<float>();
-  float* lse = (*outputs)[0].data<float>();
-  float* f_t = (*outputs)[1].data<float>();
-  float* df_t = (*outputs)[2].data<float>();
+  float* lse_others = (*outputs)[0].data<float>();
+  float* target_scos = (*outputs)[1].data<float>();
   const int64_t N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1];
   const Filter filter(attrs);
-  const Margin margin(attrs);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const int64_t skip = mask[i] != 0.0f ? target[i] : S;   // S: skip nothing
     float* row = logits + i * S;
-    const float others = filter.on ? row_lse<true>(row, col_scale, skip, S, filter.threshold)
-                                   : row_lse<false>(row, col_scale, skip, S, 0.0f);
-    if (skip < S) {
-      margin.target_logit(row[skip], f_t + i, df_t + i);
-      lse[i] = log_add_exp(others, f_t[i]);
-    } else {
-      f_t[i] = df_t[i] = 0.0f;
-      lse[i] = others;
-    }
+    lse_others[i] = filter.on ? row_lse<true>(row, col_scale, skip, S, filter.threshold)
+                              : row_lse<false>(row, col_scale, skip, S, 0.0f);
+    target_scos[i] = skip < S ? row[skip] : 0.0f;   // row_lse has scaled it
   }
   return MX_SUCCESS;
 }
@@ -413,16 +367,14 @@ MXReturnValue norm_shapes(const std::unordered_map<std::string, std::string>&,
   (*out)[0] = {(*in)[0][0]}; return MX_SUCCESS;
 }
 
-MXReturnValue lse_attrs(const std::unordered_map<std::string, std::string>& attrs, int* n_in, int* n_out) {
-  *n_in = 4; *n_out = 3;
-  return check(attrs.count("s") && attrs.count("m1") && attrs.count("m2") && attrs.count("m3"), "pfc_scale_lse",
-               "needs the margin's s, m1, m2, m3") ? MX_SUCCESS : MX_FAIL;
+MXReturnValue lse_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
+  *n_in = 4; *n_out = 2; return MX_SUCCESS;
 }
 MXReturnValue lse_types(const std::unordered_map<std::string, std::string>&,
                         std::vector<int>* in, std::vector<int>* out) {
   if (!check((*in)[0] == kFloat32 && (*in)[1] == kFloat32 && (*in)[2] == kInt32 && (*in)[3] == kFloat32,
              "pfc_scale_lse", "needs float32 logits, col_scale, mask and int32 target")) return MX_FAIL;
-  (*out)[0] = (*out)[1] = (*out)[2] = kFloat32; return MX_SUCCESS;
+  (*out)[0] = (*out)[1] = kFloat32; return MX_SUCCESS;
 }
 MXReturnValue lse_shapes(const std::unordered_map<std::string, std::string>&,
                          std::vector<std::vector<unsigned int>>* in,
@@ -431,7 +383,7 @@ MXReturnValue lse_shapes(const std::unordered_map<std::string, std::string>&,
   if (!check(l.size() == 2 && (*in)[1] == std::vector<unsigned int>{l[1]} &&
              (*in)[2] == std::vector<unsigned int>{l[0]} && (*in)[3] == std::vector<unsigned int>{l[0]},
              "pfc_scale_lse", "needs logits (N, S), col_scale (S,), target (N,), mask (N,)")) return MX_FAIL;
-  (*out)[0] = (*out)[1] = (*out)[2] = {l[0]}; return MX_SUCCESS;
+  (*out)[0] = (*out)[1] = {l[0]}; return MX_SUCCESS;
 }
 MXReturnValue mutate_first(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
   idx->push_back(0); return MX_SUCCESS;
