@@ -8,7 +8,7 @@ InsightFace's reference uses with "easy margin" off. For ArcFace
 (m1=1, m2=0.5, m3=0) the whole curve then decreases monotonically in the
 angle. With m2 = 0 (CosFace) and m1 <= 1 the branch is never taken.
 
-docs/DESIGN.md section 2.3 derives f and df/dc. The head applies the margin on
+docs/DESIGN.md section 2.4 derives f and df/dc. The head applies the margin on
 the host, in float64, after collective 2 (partial_fc.global_softmax): by then
 every rank has the target cosine of every row of the global batch, which a
 per-sample or batch-statistic margin needs. tests/test_distributed.py checks it
