@@ -7,7 +7,8 @@ so a command that does arithmetic alone (plan) starts without it.
 """
 import importlib
 
-_PUBLIC = {"CombinedMarginLoss": "mxnet_pfc.head.margin", "MemoryBank": "mxnet_pfc.head.memory_bank",
+_PUBLIC = {"CombinedMarginLoss": "mxnet_pfc.head.margin", "AdaFaceMargin": "mxnet_pfc.head.margin",
+           "MemoryBank": "mxnet_pfc.head.memory_bank",
            "shard_range": "mxnet_pfc.head.sampler", "PartialFC": "mxnet_pfc.head.partial_fc",
            "PartialFCInputError": "mxnet_pfc.head.partial_fc"}
 __all__ = sorted(_PUBLIC)

@@ -289,4 +289,4 @@ def test_the_host_margin_matches_the_reference_formula(margin):
         f, df = m.target_logit(np.array([0.5, bad]))
         assert np.isfinite(f[0]) and not np.isfinite(f[1]) and not np.isfinite(df[1]), (bad, f, df)
         parts = np.array([[[1.0, 2.0], [0.0, 0.0]], [[3.0, 1.0], [15.0, 30.0 * bad]]])   # (W=2, 2, N=2)
-        assert not np.isfinite(global_softmax(parts, m, 2)[1]), bad
+        assert not np.isfinite(global_softmax(parts, np.ones(2), m, 2)[1]), bad

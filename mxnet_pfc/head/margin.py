@@ -36,8 +36,40 @@ PRESETS = {
 _MIN_SIN = 1e-6
 
 
-class CombinedMarginLoss:
+class Margin:
+    """What the head asks of a margin (partial_fc.global_softmax calls it once per forward_backward).
+
+    target_logit(cos_t, norms) -> (f_t, df_t): float64 arrays (N,), the target logit of every row
+    of the global batch and its derivative in cos_t, given the rows' target cosines and the
+    norms |x| of their raw (un-normalised) embeddings, both identical on every rank. A margin
+    with running statistics updates them in this call (once per call, the same on every rank);
+    state() / load_state(state) are those statistics (a dict of floats, {} if none).
+    KIND and PARAM_NAMES name the margin and the values of as_tuple() (checked equal across ranks).
+    """
+
+    KIND = 0.0
+    PARAM_NAMES: "tuple[str, ...]" = ()
+    s: float
+
+    def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+        raise NotImplementedError
+
+    def as_tuple(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.PARAM_NAMES)
+
+    def state(self) -> dict:
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state, got {sorted(state)}")
+
+
+class CombinedMarginLoss(Margin):
     """The margin applied to the target logit; the rest of the loss is in PartialFC."""
+
+    KIND = 0.0
+    PARAM_NAMES = ("s", "m1", "m2", "m3")
 
     def __init__(self, s: float = PRESETS["arcface"]["s"], m1: float = PRESETS["arcface"]["m1"],
                  m2: float = PRESETS["arcface"]["m2"], m3: float = PRESETS["arcface"]["m3"]):
@@ -64,14 +96,12 @@ class CombinedMarginLoss:
             preset["s"] = s
         return cls(**preset)
 
-    def as_tuple(self) -> tuple:
-        return (self.s, self.m1, self.m2, self.m3)
-
     def __repr__(self) -> str:
         return f"CombinedMarginLoss(s={self.s}, m1={self.m1}, m2={self.m2}, m3={self.m3})"
 
-    def target_logit(self, cos_t: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+    def target_logit(self, cos_t: np.ndarray, norms: "np.ndarray | None" = None) -> "tuple[np.ndarray, np.ndarray]":
         """(f, df/dc) in float64 for target cosines cos_t (any shape); values clipped to [-1, 1].
+        The norms are not used.
 
         A NaN or infinite cosine gives f = df = s * cos_t: passed on, so that the loss check sees it
         (the clip would turn +-Inf into +-1)."""
@@ -90,3 +120,107 @@ class CombinedMarginLoss:
         finite = np.isfinite(cos_t)
         scaled = self.s * cos_t
         return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+
+
+class AdaFaceMargin(Margin):
+    """AdaFace (Kim et al. 2022), following the official mk-minchul/AdaFace head.py
+    (commit c60eaa78, lines cited below), with its statistics over the GLOBAL batch.
+
+    eps = 1e-3 (head.py:61) everywhere the official code uses self.eps. For every row i:
+      safe_norm_i = clip(|x_i|, 0.001, 100), detached: no gradient flows into the norm (head.py:83-84)
+      running statistics, updated BEFORE use (head.py:87-91), batch_mean starting at 20 and
+      batch_std at 100 (head.py:67-69):
+        batch_mean = t_alpha * mean(safe_norm) + (1 - t_alpha) * batch_mean
+        batch_std  = t_alpha * std(safe_norm)  + (1 - t_alpha) * batch_std     (std unbiased, N - 1)
+      scaler_i = clip((safe_norm_i - batch_mean) / (batch_std + eps) * h, -1, 1)   (head.py:93-95)
+      g_angular = -m * scaler_i,  g_add = m + m * scaler_i                     (head.py:103-116)
+      theta = arccos(clip(c, -1 + eps, 1 - eps))                               (head.py:81, 107)
+      theta_m = clip(theta + g_angular, eps, pi - eps)                         (head.py:108)
+      f_t = s * (cos(theta_m) - g_add)                                          (head.py:109-119)
+
+    The batch statistics: the official head takes them over the batch the module sees (one
+    process's); here the batch is the global one (every rank holds all N norms, from the gathered
+    embeddings), so they are identical on every rank, as in the author's Partial FC port
+    (CVLface run_v1/classifiers/partial_fc/partial_fc.py:176-191). A global batch of one row has
+    no unbiased std (the official code gives NaN); it is refused.
+
+    df_t: the official autograd of head.py (not the straight-through s of the CVLface port):
+      df_t/dc = s * sin(theta_m) / sin(theta)  where -1 + eps <= c <= 1 - eps and eps <= theta + g_angular <= pi - eps,
+              = 0 where a clamp binds (torch's clamp passes the gradient on the closed interval).
+    (sin(theta) >= sin(eps') > 0.0447 inside the clamp, so no division by zero.)
+    The official head also clamps the non-target cosines to +-(1 - eps) (head.py:81); this head does
+    not (the non-target logits are s * cos): they differ only for a non-target cosine beyond 0.999.
+
+    Calls: the head calls target_logit once per forward_backward, so the running statistics move
+    once per global batch -- once per micro-batch under gradient accumulation (micro_batches = K
+    moves them K times per optimizer step), as the official head moves them at every forward.
+    The running statistics are state() / load_state().
+    """
+
+    KIND = 1.0
+    PARAM_NAMES = ("s", "m", "h", "t_alpha")
+    EPS = 1e-3                  # head.py:61
+    NORM_CLIP = (0.001, 100.0)  # head.py:83
+    INITIAL = {"batch_mean": 20.0, "batch_std": 100.0}   # head.py:67-69
+
+    def __init__(self, s: float = 64.0, m: float = 0.4, h: float = 0.333, t_alpha: float = 0.01):
+        for name, value in (("s", s), ("m", m), ("h", h), ("t_alpha", t_alpha)):
+            if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
+                raise ValueError(f"AdaFace parameter {name} must be a finite number, got {value!r}")
+        if s <= 0:
+            raise ValueError(f"AdaFace scale s must be positive, got {s}")
+        if m < 0:
+            raise ValueError(f"AdaFace margin m must be >= 0, got {m}")
+        if h <= 0:
+            raise ValueError(f"AdaFace h must be positive (h = 0 makes it CosFace), got {h}")
+        if not 0.0 < t_alpha <= 1.0:
+            raise ValueError(f"AdaFace t_alpha must be in (0, 1], got {t_alpha}")
+        self.s, self.m, self.h, self.t_alpha = float(s), float(m), float(h), float(t_alpha)
+        self.batch_mean = self.INITIAL["batch_mean"]
+        self.batch_std = self.INITIAL["batch_std"]
+
+    def __repr__(self) -> str:
+        return (f"AdaFaceMargin(s={self.s}, m={self.m}, h={self.h}, t_alpha={self.t_alpha}; "
+                f"batch_mean={self.batch_mean:.6g}, batch_std={self.batch_std:.6g})")
+
+    def state(self) -> dict:
+        return {"batch_mean": self.batch_mean, "batch_std": self.batch_std}
+
+    def load_state(self, state: dict) -> None:
+        if set(state) != set(self.INITIAL):
+            raise ValueError(f"AdaFace state must have {sorted(self.INITIAL)}, got {sorted(state)}")
+        values = {k: float(v) for k, v in state.items()}
+        bad = [k for k, v in values.items() if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"AdaFace state {bad[0]} must be finite, got {values[bad[0]]}")
+        self.batch_mean, self.batch_std = values["batch_mean"], values["batch_std"]
+
+    def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+        """(f, df/dc) in float64 for the global batch's target cosines and embedding norms (N,);
+        updates the running statistics first (once per call). Non-finite cosines are passed on
+        as s * cos_t (the loss check reports them)."""
+        eps = self.EPS
+        cos_t = np.asarray(cos_t, dtype=np.float64)
+        norms = np.asarray(norms, dtype=np.float64)
+        if norms.shape != cos_t.shape or norms.ndim != 1:
+            raise ValueError(f"AdaFace needs one norm per target cosine, got {norms.shape} and {cos_t.shape}")
+        if norms.size < 2:
+            raise ValueError("AdaFace needs a global batch of at least 2 rows (the unbiased std of the norms)")
+        safe = np.clip(norms, *self.NORM_CLIP)
+        a = self.t_alpha
+        self.batch_mean = a * float(safe.mean()) + (1.0 - a) * self.batch_mean
+        self.batch_std = a * float(safe.std(ddof=1)) + (1.0 - a) * self.batch_std
+        scaler = np.clip((safe - self.batch_mean) / (self.batch_std + eps) * self.h, -1.0, 1.0)
+        g_angular = -self.m * scaler
+        g_add = self.m + self.m * scaler
+        with np.errstate(invalid="ignore"):
+            c = np.clip(cos_t, -1.0 + eps, 1.0 - eps)
+            theta = np.arccos(c)
+            shifted = theta + g_angular
+            theta_m = np.clip(shifted, eps, math.pi - eps)
+            live = (cos_t >= -1.0 + eps) & (cos_t <= 1.0 - eps) & (shifted >= eps) & (shifted <= math.pi - eps)
+        f = self.s * (np.cos(theta_m) - g_add)
+        grad = np.where(live, self.s * np.sin(theta_m) / np.sin(theta), 0.0)
+        finite = np.isfinite(cos_t)
+        scaled = self.s * cos_t
+        return np.where(finite, f, scaled), np.where(finite, grad, scaled)

@@ -35,7 +35,7 @@ import numpy as np
 from mxnet_pfc.head import exchange
 from mxnet_pfc.head.exchange import PartialFCInputError
 from mxnet_pfc.head.kernels.ops import head_ops
-from mxnet_pfc.head.margin import CombinedMarginLoss
+from mxnet_pfc.head.margin import Margin
 from mxnet_pfc.head.memory_bank import MemoryBank
 from mxnet_pfc.head.sampler import CenterSampler, num_sampled_centers, shard_range
 from mxnet_pfc.runtime import comm, seeding
@@ -45,6 +45,9 @@ __all__ = ["PartialFC", "PartialFCInputError", "NonFiniteLossError"]
 
 nd = mx.nd
 log = logging.getLogger(__name__)
+
+_MAX_MARGIN_PARAMS = 8      # the most parameters a margin has (its as_tuple), for the cross-rank check
+
 
 class Workspace:
     """Persistent buffers for a step's large arrays, reused from step to step.
@@ -72,21 +75,23 @@ class NonFiniteLossError(PfcError, FloatingPointError):
     """The loss of a step is NaN or infinite; raised on every rank before any center moves."""
 
 
-def global_softmax(parts: np.ndarray, margin: CombinedMarginLoss,
+def global_softmax(parts: np.ndarray, norms: np.ndarray, margin: Margin,
                    mean_over: int) -> "tuple[np.ndarray, float, np.ndarray, np.ndarray]":
     """(lse, loss, target_coef, df_t), each (N,) but loss, from every rank's (lse_others, target_scos) rows,
     in float64, for every row of the global batch (the same on every rank).
 
     parts (W, 2, N): rank r's log-sum-exp over its non-target columns and its scaled target
-    logits s * cos_t (0 on rows whose label it does not own: each row has one owner). The
-    margin gives the target logit f_t and d f_t / d cos_t (df_t) of every row; lse is the
-    log-sum-exp over all ranks' non-target columns and f_t, the loss the mean of lse - f_t
-    over the N rows, and target_coef = (p_target - 1) / mean_over: the target cell's
-    gradient before the margin's derivative df_t (docs/DESIGN.md section 2.4).
+    logits s * cos_t (0 on rows whose label it does not own: each row has one owner); norms (N,):
+    |x| of every row's raw embedding (from the gathered batch, the same on every rank). The
+    margin (called once: a margin with running statistics moves them here) gives the target
+    logit f_t and d f_t / d cos_t (df_t) of every row; lse is the log-sum-exp over all ranks'
+    non-target columns and f_t, the loss the mean of lse - f_t over the N rows, and
+    target_coef = (p_target - 1) / mean_over: the target cell's gradient before the margin's
+    derivative df_t (docs/DESIGN.md section 2.4).
     """
     parts = np.asarray(parts, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):     # non-finite input is reported by the caller
-        f_t, df_t = margin.target_logit(parts[:, 1, :].sum(axis=0) / margin.s)
+        f_t, df_t = margin.target_logit(parts[:, 1, :].sum(axis=0) / margin.s, norms)
         others = parts[:, 0, :]
         top = others.max(axis=0)
         lse = np.logaddexp(top + np.log(np.exp(others - top).sum(axis=0)), f_t)
@@ -111,13 +116,13 @@ class PartialFC:
     between steps.
     """
 
-    def __init__(self, margin: CombinedMarginLoss, embedding_size: int, num_classes: int,
+    def __init__(self, margin: Margin, embedding_size: int, num_classes: int,
                  sample_rate: float = 1.0, ctx: "mx.Context | None" = None, lr: float = 0.1,
                  momentum: float = 0.9, wd: float = 5e-4, init_std: float = 0.01,
                  seed: "int | None" = None, fused_kernels: "bool | None" = None,
                  interclass_filtering_threshold: float = 0.0):
-        if not isinstance(margin, CombinedMarginLoss):
-            raise TypeError(f"margin must be a CombinedMarginLoss, got {type(margin).__name__}")
+        if not isinstance(margin, Margin):
+            raise TypeError(f"margin must be a Margin (CombinedMarginLoss, AdaFaceMargin), got {type(margin).__name__}")
         if int(embedding_size) != embedding_size or embedding_size < 1:
             raise ValueError(f"embedding_size must be a positive integer, got {embedding_size}")
         if int(num_classes) != num_classes or num_classes < 1:
@@ -171,12 +176,16 @@ class PartialFC:
 
     def _check_same_config(self) -> None:
         """All ranks must agree on the head's shape and margin, or none can run."""
-        mine = [self.num_classes, self.embedding_size, self.sample_rate, *self.margin.as_tuple(),
-                self.filter_threshold]
+        # The margin's kind, then its parameters, padded to one length (gather_rows needs it on every rank).
+        params = list(self.margin.as_tuple())
+        mine = [self.num_classes, self.embedding_size, self.sample_rate, self.filter_threshold,
+                self.margin.KIND, *params] + [0.0] * (_MAX_MARGIN_PARAMS - len(params))
         table = comm.gather_rows(mine)
         if any(row != table[0] for row in table):
-            names = ["num_classes", "embedding_size", "sample_rate", "s", "m1", "m2", "m3",
-                     "interclass_filtering_threshold"]
+            names = ["num_classes", "embedding_size", "sample_rate", "interclass_filtering_threshold",
+                     "margin kind", *self.margin.PARAM_NAMES]
+            if len({row[4] for row in table}) > 1:      # other kinds: their parameters are not comparable
+                names = names[:5]
             diffs = [f"{name}: " + ", ".join(f"rank {r}={row[k]:g}" for r, row in enumerate(table))
                      for k, name in enumerate(names) if len({row[k] for row in table}) > 1]
             raise PartialFCInputError("PartialFC settings differ across ranks: " + "; ".join(diffs))
@@ -247,10 +256,13 @@ class PartialFC:
         # of the method in one call).
         parts = comm.allgather(nd.stack(lse_others, target_scos).reshape((1, 2, N)), name="pfc.lse").asnumpy()
         mean_over = N * micro_batches       # the samples of the mean loss being trained
-        lse, loss_value, target_coef, df_t = global_softmax(parts, self.margin, mean_over)
+        norms = 1.0 / inv_x.asnumpy().astype(np.float64)    # |x| of every row (x_all: the same everywhere)
+        margin_state = self.margin.state()
+        lse, loss_value, target_coef, df_t = global_softmax(parts, norms, self.margin, mean_over)
         # The loss is the same on every rank, so every rank stops here together,
-        # before any center moves.
+        # before any center moves (and with the margin's running statistics as they were).
         if not np.isfinite(loss_value):
+            self.margin.load_state(margin_state)
             self._raise_nonfinite(loss_value, parts)
 
         # Backward. gs = d loss / d cos, divided column-wise by |w_j|; b_j = sum_i gs_ij cos_ij.
