@@ -256,7 +256,7 @@ class PartialFC:
         # of the method in one call).
         parts = comm.allgather(nd.stack(lse_others, target_scos).reshape((1, 2, N)), name="pfc.lse").asnumpy()
         mean_over = N * micro_batches       # the samples of the mean loss being trained
-        norms = 1.0 / inv_x.asnumpy().astype(np.float64)    # |x| of every row (x_all: the same everywhere)
+        norms = 1.0 / inv_x.asnumpy().astype(np.float64).reshape(-1)   # |x| of every row (x_all: the same everywhere)
         margin_state = self.margin.state()
         lse, loss_value, target_coef, df_t = global_softmax(parts, norms, self.margin, mean_over)
         # The loss is the same on every rank, so every rank stops here together,
