@@ -5,7 +5,9 @@ with dense float64 numpy and an explicit one-hot, sharing no code with mxnet_pfc
 over the global batch (every rank holds every row's norm), the EMA updated before use, the
 derivative of the official autograd (zero where a clamp binds).
 """
+import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -106,7 +108,7 @@ def ada_run(request, tmp_path_factory):
     world = request.param
     tmp = tmp_path_factory.mktemp(f"adaface{world}")
     inputs = make_inputs(world, tmp / "inputs.npz")
-    proc = run_ranks(world, ["tests/adaface_worker.py", tmp / "inputs.npz", tmp], timeout=240)
+    proc = run_ranks(world, ["tests/adaface_worker.py", "golden", tmp / "inputs.npz", tmp], timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return world, inputs, [dict(np.load(tmp / f"rank{r}.npz")) for r in range(world)]
 
@@ -237,3 +239,24 @@ def test_state_round_trip_and_bad_state():
         b.load_state({"batch_mean": float("nan"), "batch_std": 1.0})
     with pytest.raises(ValueError, match="at least 2 rows"):
         b.target_logit(np.array([0.1]), np.array([10.0]))
+
+
+@pytest.mark.parametrize("what, message", [
+    ("h", r"PartialFC settings differ across ranks: h: rank 0=0.333, rank 1=0.5"),
+    ("kind", r"PartialFC settings differ across ranks: margin kind: rank 0=1, rank 1=0")])
+def test_a_margin_that_differs_across_ranks_is_refused(what, message):
+    proc = run_ranks(2, ["tests/adaface_worker.py", "differ", what], timeout=90)
+    assert proc.returncode != 0
+    assert "constructed" not in proc.stdout
+    for rank in (0, 1):
+        assert re.search(rf"\[{rank}\]<stderr>:.*{message}", proc.stdout), proc.stdout[-3000:]
+
+
+def test_a_nan_loss_leaves_the_running_statistics_as_they_were(tmp_path):
+    """The step that raises NonFiniteLossError moves neither the centers nor the statistics (a
+    resume from the last checkpoint, or a retry, sees the state of the last good step)."""
+    proc = run_ranks(2, ["tests/adaface_worker.py", "nan-center", tmp_path], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for r in range(2):
+        report = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert report["error"] and report["moved"] and report["unchanged"], report
