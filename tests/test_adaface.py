@@ -25,7 +25,8 @@ SCENARIOS = {**{f"{m}-{s}": (m, s, 1) for m in MARGINS for s in SETTINGS},
 D, B = 32, 4
 LRS = (0.1, 0.05, 0.02)     # three steps
 RTOL = 1e-4
-RUNS = [1, 2, 3]
+# (world size, implementation of the memory-bound steps): fused CPU kernels, and the MXNet-op path on 2 ranks.
+RUNS = [(1, "fused"), (2, "fused"), (3, "fused"), (2, "mxnet")]
 
 
 class OfficialAdaFace:
@@ -103,14 +104,17 @@ def make_inputs(world, path):
     return arrays
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=lambda w: f"world{w}")
+@pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
 def ada_run(request, tmp_path_factory):
-    world = request.param
-    tmp = tmp_path_factory.mktemp(f"adaface{world}")
+    world, ops = request.param
+    tmp = tmp_path_factory.mktemp(f"adaface{world}{ops}")
     inputs = make_inputs(world, tmp / "inputs.npz")
-    proc = run_ranks(world, ["tests/adaface_worker.py", "golden", tmp / "inputs.npz", tmp], timeout=240)
+    proc = run_ranks(world, ["tests/adaface_worker.py", "golden", tmp / "inputs.npz", tmp], timeout=240,
+                     env={"MXNET_PFC_KERNELS": "1" if ops == "fused" else "0"})
     assert proc.returncode == 0, proc.stdout[-4000:]
-    return world, inputs, [dict(np.load(tmp / f"rank{r}.npz")) for r in range(world)]
+    ranks = [dict(np.load(tmp / f"rank{r}.npz")) for r in range(world)]
+    assert all(str(res[f"{name}/ops"]) == ops for res in ranks for name in SCENARIOS), "ran the wrong implementation"
+    return world, inputs, ranks
 
 
 def assert_close(actual, expected, what):

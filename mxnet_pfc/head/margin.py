@@ -1,4 +1,5 @@
-"""The combined margin of ArcFace / CosFace / SphereFace-style losses.
+"""The margins the head accepts (Margin): the combined margin of ArcFace / CosFace /
+SphereFace-style losses (CombinedMarginLoss) and AdaFace (AdaFaceMargin, below).
 
 Target logit  f(c) = s * (cos(m1 * acos(c) + m2) - m3),  other logits s * c.
 

@@ -215,6 +215,11 @@ class PartialFC:
         (MemoryBank.hold) and the centers do not move; the call with update=True
         applies every held gradient in one SGD step. Each micro-batch samples its
         own negatives. The returned loss is this global batch's mean.
+
+        The margin is called once per call (global_softmax): a margin with running statistics
+        (AdaFaceMargin) moves them once per global batch, so K times per update under
+        micro_batches = K, as the official AdaFace head moves them at every forward; a step
+        that raises NonFiniteLossError leaves them as they were.
         """
         if int(micro_batches) != micro_batches or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive integer, got {micro_batches}")
