@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 
@@ -38,6 +40,17 @@ def run_ranks(world_size: int, args: list, timeout: float, env: "dict | None" = 
     """horovodrun --gloo -np W -H localhost:W python ARGS; killed whole after `timeout` s."""
     return run_command([HOROVODRUN, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
                         sys.executable, *args], timeout, env)
+
+
+def golden_ranks(worker: str, world: int, ops: str, inputs, tmp, scenarios) -> "list[dict]":
+    """Run a head worker (tests/dist_worker.py, tests/adaface_worker.py) on `world` ranks with one kernel
+    path ("fused" or "mxnet") over INPUTS; each rank's saved results, checked to come from that path."""
+    proc = run_ranks(world, [worker, "golden", inputs, tmp], timeout=240,
+                     env={"MXNET_PFC_KERNELS": "1" if ops == "fused" else "0"})
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    ranks = [dict(np.load(Path(tmp) / f"rank{r}.npz")) for r in range(world)]
+    assert all(str(res[f"{name}/ops"]) == ops for res in ranks for name in scenarios), "ran the wrong implementation"
+    return ranks
 
 
 def run_command(cmd: list, timeout: float, env: "dict | None" = None) -> subprocess.CompletedProcess:

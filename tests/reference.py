@@ -59,3 +59,10 @@ def sgd_momentum(w, mom, grad, lr, momentum, wd):
     """MXNet's sgd_mom_update: mom = momentum*mom - lr*(grad + wd*w); w += mom."""
     mom = momentum * mom - lr * (grad + wd * w)
     return w + mom, mom
+
+
+def assert_close(actual, expected, what, rtol):
+    """|actual - expected| within rtol of expected's largest magnitude."""
+    scale = np.abs(expected).max()
+    err = np.abs(actual - expected).max()
+    assert err <= rtol * scale, f"{what}: max error {err:.3g} vs scale {scale:.3g}"

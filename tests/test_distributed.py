@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from launch import run_ranks
+import reference
+from launch import golden_ranks
 from reference import loss_and_grads, sgd_momentum
 
 MARGINS = {"arcface": (64.0, 1.0, 0.5, 0.0), "cosface": (64.0, 1.0, 0.0, 0.4),
@@ -59,18 +60,11 @@ def golden_run(request, tmp_path_factory):
     world, ops = request.param
     tmp = tmp_path_factory.mktemp(f"golden{world}{ops}")
     inputs = make_inputs(world, tmp / "inputs.npz")
-    proc = run_ranks(world, ["tests/dist_worker.py", "golden", tmp / "inputs.npz", tmp], timeout=240,
-                     env={"MXNET_PFC_KERNELS": "1" if ops == "fused" else "0"})
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    ranks = [dict(np.load(tmp / f"rank{r}.npz")) for r in range(world)]
-    assert all(str(res[f"{name}/ops"]) == ops for res in ranks for name in SCENARIOS), "ran the wrong implementation"
-    return world, inputs, ranks
+    return world, inputs, golden_ranks("tests/dist_worker.py", world, ops, tmp / "inputs.npz", tmp, SCENARIOS)
 
 
 def assert_close(actual, expected, what):
-    scale = np.abs(expected).max()
-    err = np.abs(actual - expected).max()
-    assert err <= RTOL * scale, f"{what}: max error {err:.3g} vs scale {scale:.3g}"
+    reference.assert_close(actual, expected, what, RTOL)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
