@@ -43,7 +43,7 @@ def run_ranks(world_size: int, args: list, timeout: float, env: "dict | None" = 
 
 
 def golden_ranks(worker: str, world: int, ops: str, inputs, tmp, scenarios) -> "list[dict]":
-    """Run a head worker (tests/dist_worker.py, tests/adaface_worker.py) on `world` ranks with one kernel
+    """Run a head worker (tests/dist_worker.py, tests/margin_worker.py) on `world` ranks with one kernel
     path ("fused" or "mxnet") over INPUTS; each rank's saved results, checked to come from that path."""
     proc = run_ranks(world, [worker, "golden", inputs, tmp], timeout=240,
                      env={"MXNET_PFC_KERNELS": "1" if ops == "fused" else "0"})

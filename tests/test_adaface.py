@@ -1,9 +1,9 @@
-"""AdaFace under the sharded, sampled head on 1-3 CPU ranks against the official formula.
+"""AdaFace under the sharded, sampled head on 1-4 CPU ranks against the official formula.
 
 The reference below is written from mk-minchul/AdaFace head.py (commit c60eaa78, lines 77-120)
-with dense float64 numpy and an explicit one-hot, sharing no code with mxnet_pfc: statistics
-over the global batch (every rank holds every row's norm), the EMA updated before use, the
-derivative of the official autograd (zero where a clamp binds).
+with dense float64 numpy and an explicit one-hot (the harness: margin_golden.py), sharing no
+code with mxnet_pfc: statistics over the global batch (every rank holds every row's norm), the
+EMA updated before use, the derivative of the official autograd (zero where a clamp binds).
 """
 import json
 import math
@@ -12,22 +12,15 @@ import re
 import numpy as np
 import pytest
 
-import reference
-from launch import golden_ranks, run_ranks
-from reference import sgd_momentum
+from launch import run_ranks
+from margin_golden import RUNS, SETTINGS, check_scenario, run_scenarios, scenario_arrays
 
 EPS = 1e-3
 # (s, m, h, t_alpha): the published defaults, and a strong setting where the scaler clips at
 # +-1 and theta + g_angular leaves [eps, pi - eps] (the clamps bind).
 MARGINS = {"default": (64.0, 0.4, 0.333, 0.01), "strong": (32.0, 0.4, 3.0, 0.5)}
-SETTINGS = {"full": (103, 1.0), "sampled": (1009, 0.1)}
 SCENARIOS = {**{f"{m}-{s}": (m, s, 1) for m in MARGINS for s in SETTINGS},
              "strong-sampled-accum2": ("strong", "sampled", 2)}
-D, B = 32, 4
-LRS = (0.1, 0.05, 0.02)     # three steps
-RTOL = 1e-4
-# (world size, implementation of the memory-bound steps): fused CPU kernels, and the MXNet-op path on 2 ranks.
-RUNS = [(1, "fused"), (2, "fused"), (3, "fused"), (2, "mxnet")]
 
 
 class OfficialAdaFace:
@@ -37,8 +30,14 @@ class OfficialAdaFace:
         self.s, self.m, self.h, self.t_alpha = s, m, h, t_alpha
         self.batch_mean, self.batch_std = 20.0, 100.0
 
+    def state(self):
+        return {"batch_mean": self.batch_mean, "batch_std": self.batch_std}
+
+    def penalty(self, norms):
+        return None
+
     def logits(self, cos, labels, norms):
-        """(logits (N, C), d logits / d cos (N, C)); updates the statistics first."""
+        """(logits (N, C), d logits / d cos (N, C), None: the norm is detached); updates the statistics first."""
         safe = np.clip(norms, 0.001, 100.0)
         self.batch_mean = safe.mean() * self.t_alpha + (1 - self.t_alpha) * self.batch_mean
         self.batch_std = safe.std(ddof=1) * self.t_alpha + (1 - self.t_alpha) * self.batch_std
@@ -54,123 +53,57 @@ class OfficialAdaFace:
         out = np.cos(theta_m) - onehot * (self.m + self.m * scaler)
         # d cos(theta_m) / d c = -sin(theta_m) * dtheta * d acos(c)/dc = sin(theta_m) / sin(theta)
         dout = np.sin(theta_m) * dtheta / np.sin(theta) * dc
-        return self.s * out, self.s * dout
+        return self.s * out, self.s * dout, None
 
 
-def reference_step(ada, x, labels, w):
-    """Mean cross-entropy over the rows of x against centers w; (loss, dL/dx, dL/dw)."""
-    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
-    N = x.shape[0]
-    xn = np.linalg.norm(x, axis=1, keepdims=True)
-    wn = np.linalg.norm(w, axis=1, keepdims=True)
-    xh, wh = x / xn, w / wn
-    logits, dlogits_dcos = ada.logits(xh @ wh.T, labels, xn[:, 0])
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    loss = -np.mean(np.log(p[np.arange(N), labels]))
-    onehot = np.zeros_like(p)
-    onehot[np.arange(N), labels] = 1.0
-    dcos = (p - onehot) / N * dlogits_dcos
-    dxh, dwh = dcos @ wh, dcos.T @ xh
-    dx = (dxh - xh * np.sum(dxh * xh, axis=1, keepdims=True)) / xn      # the norm is detached
-    dw = (dwh - wh * np.sum(dwh * wh, axis=1, keepdims=True)) / wn
-    return loss, dx, dw
+def clamp_reaching_batch(rng, w, world):
+    """A global batch whose rows reach AdaFace's clamps (test_the_inputs_reach_the_clamps)."""
+    n = 4 * world
+    y = rng.integers(0, w.shape[0], size=n)
+    x = rng.normal(size=(n, w.shape[1]))
+    x[:1] = -w[y[:1]] + 0.001 * rng.normal(size=(1, w.shape[1]))   # cosine below -1 + eps: clamped
+    x[1:3] = w[y[1:3]] + 0.05 * rng.normal(size=(2, w.shape[1]))   # small theta: theta + g_angular < eps
+    # Norms from 1 to 60 (the small-theta rows large: a positive scaler; row 3 small: a negative one).
+    norms = rng.uniform(1.0, 60.0, size=n)
+    norms[1:3], norms[3] = 60.0, 1.0
+    return x * (norms / np.linalg.norm(x, axis=1))[:, None], y
 
 
-def make_inputs(world, path):
+def make_inputs(world):
     rng = np.random.default_rng(100 + world)
-    arrays = {"scenarios": np.array(list(SCENARIOS))}
+    arrays = {}
     for name, (margin, setting, micro_batches) in SCENARIOS.items():
-        C, rate = SETTINGS[setting]
-        w = rng.normal(size=(C, D)).astype(np.float32)
-        arrays[f"{name}/margin"] = np.array(MARGINS[margin])
-        arrays[f"{name}/micro_batches"] = np.array(micro_batches)
-        arrays[f"{name}/rate"] = np.array(rate)
-        arrays[f"{name}/lrs"] = np.array(LRS)
-        arrays[f"{name}/weight"] = w
-        arrays[f"{name}/mom"] = (0.01 * rng.normal(size=(C, D))).astype(np.float32)
-        for step in range(len(LRS)):
-            for micro in range(micro_batches):
-                y = rng.integers(0, C, size=B * world)
-                x = rng.normal(size=(B * world, D))
-                x[:1] = -w[y[:1]] + 0.001 * rng.normal(size=(1, D))   # cosine below -1 + eps: clamped
-                x[1:3] = w[y[1:3]] + 0.05 * rng.normal(size=(2, D))   # small theta: theta + g_angular < eps
-                # Norms from 1 to 60 (the small-theta rows large: a positive scaler; row 3 small: a negative one).
-                norms = rng.uniform(1.0, 60.0, size=B * world)
-                norms[1:3], norms[3] = 60.0, 1.0
-                x *= (norms / np.linalg.norm(x, axis=1))[:, None]
-                arrays[f"{name}/x{step}.{micro}"] = x.astype(np.float32)
-                arrays[f"{name}/y{step}.{micro}"] = y
-    np.savez(path, **arrays)
+        params = dict(zip(("s", "m", "h", "t_alpha"), MARGINS[margin]))
+        arrays.update(scenario_arrays(rng, name, "adaface", params, setting, micro_batches, world,
+                                      clamp_reaching_batch))
     return arrays
 
 
 @pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
 def ada_run(request, tmp_path_factory):
     world, ops = request.param
-    tmp = tmp_path_factory.mktemp(f"adaface{world}{ops}")
-    inputs = make_inputs(world, tmp / "inputs.npz")
-    return world, inputs, golden_ranks("tests/adaface_worker.py", world, ops, tmp / "inputs.npz", tmp, SCENARIOS)
-
-
-def assert_close(actual, expected, what):
-    reference.assert_close(actual, expected, what, RTOL)
+    inputs = make_inputs(world)
+    return inputs, run_scenarios(tmp_path_factory.mktemp(f"adaface{world}{ops}"), world, ops, inputs)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_adaface_matches_the_official_formula(ada_run, name):
     """Loss, embeddings' gradient, centers and momentum, and the running statistics after each of
     three steps, against OfficialAdaFace on the global batch; identical on every rank."""
-    world, inputs, ranks = ada_run
-    margin, setting, micro_batches = SCENARIOS[name]
-    C, rate = SETTINGS[setting]
-    ada = OfficialAdaFace(*MARGINS[margin])
-    starts = [int(r[f"{name}/class_start"]) for r in ranks]
-    counts = np.diff(starts + [C])
-    weight, mom = inputs[f"{name}/weight"], inputs[f"{name}/mom"]
-    for step, lr in enumerate(LRS):
-        center_grad, used_by_step = np.zeros((C, D)), []
-        for micro in range(micro_batches):
-            x, y = inputs[f"{name}/x{step}.{micro}"], inputs[f"{name}/y{step}.{micro}"]
-            key = f"{name}/{step}.{micro}"
-            used = np.concatenate([res[key + "/index"] + starts[r] for r, res in enumerate(ranks)])
-            assert np.isin(y, used).all()
-            if rate == 1.0:
-                assert len(used) == C
-            used_by_step.append(used)
-            loss, dx, dw = reference_step(ada, x, np.searchsorted(used, y), weight[used])
-            center_grad[used] += dw / micro_batches
-            losses = [float(res[key + "/loss"]) for res in ranks]
-            assert len(set(losses)) == 1, f"ranks disagree on the loss: {losses}"
-            assert abs(losses[0] - loss) <= RTOL * abs(loss), (losses[0], loss)
-            states = [tuple(res[key + "/state"]) for res in ranks]
-            assert len(set(states)) == 1, f"ranks disagree on the running statistics: {states}"
-            np.testing.assert_allclose(states[0], (ada.batch_mean, ada.batch_std), rtol=1e-6)
-            assert_close(np.concatenate([res[key + "/grad"] for res in ranks]), dx / micro_batches,
-                         "embedding gradient")
-        used = np.unique(np.concatenate(used_by_step))
-        new_w, new_mom = sgd_momentum(weight[used].astype(np.float64), mom[used].astype(np.float64),
-                                      center_grad[used], lr, 0.9, 5e-4)
-        got_w = np.concatenate([res[key + "/weight"] for res in ranks])
-        got_mom = np.concatenate([res[key + "/mom"] for res in ranks])
-        assert_close(got_mom[used], new_mom, "momentum of sampled centers")
-        assert_close(got_w[used], new_w, "sampled centers")
-        untouched = np.setdiff1d(np.arange(C), used)
-        assert np.array_equal(got_w[untouched], weight[untouched]), "unsampled centers changed"
-        weight, mom = got_w, got_mom
-    assert counts.sum() == C
+    inputs, ranks = ada_run
+    check_scenario(OfficialAdaFace(*MARGINS[SCENARIOS[name][0]]), inputs, ranks, name)
 
 
 def test_the_inputs_reach_the_clamps():
     """In the strong setting the scaler clips at +-1, theta + g_angular falls below eps (a target
     logit with zero derivative), and a target cosine lies below -1 + eps."""
-    inputs = make_inputs(2, "/dev/null")
+    inputs = make_inputs(2)
     name = "strong-full"
     ada = OfficialAdaFace(*MARGINS["strong"])
     x, y, w = inputs[f"{name}/x0.0"].astype(float), inputs[f"{name}/y0.0"], inputs[f"{name}/weight"].astype(float)
     xn = np.linalg.norm(x, axis=1)
     cos = (x / xn[:, None]) @ (w / np.linalg.norm(w, axis=1, keepdims=True)).T
-    _, dl = ada.logits(cos, y, xn)
+    _, dl, _ = ada.logits(cos, y, xn)
     ct = cos[np.arange(len(y)), y]
     assert ct[0] < -1 + EPS and dl[0, y[0]] == 0
     assert (dl[np.arange(1, 3), y[1:3]] == 0).all()
@@ -243,7 +176,7 @@ def test_state_round_trip_and_bad_state():
     ("h", r"PartialFC settings differ across ranks: h: rank 0=0.333, rank 1=0.5"),
     ("kind", r"PartialFC settings differ across ranks: margin kind: rank 0=1, rank 1=0")])
 def test_a_margin_that_differs_across_ranks_is_refused(what, message):
-    proc = run_ranks(2, ["tests/adaface_worker.py", "differ", what], timeout=90)
+    proc = run_ranks(2, ["tests/margin_worker.py", "differ", what], timeout=90)
     assert proc.returncode != 0
     assert "constructed" not in proc.stdout
     for rank in (0, 1):
@@ -253,7 +186,7 @@ def test_a_margin_that_differs_across_ranks_is_refused(what, message):
 def test_a_nan_loss_leaves_the_running_statistics_as_they_were(tmp_path):
     """The step that raises NonFiniteLossError moves neither the centers nor the statistics (a
     resume from the last checkpoint, or a retry, sees the state of the last good step)."""
-    proc = run_ranks(2, ["tests/adaface_worker.py", "nan-center", tmp_path], timeout=120)
+    proc = run_ranks(2, ["tests/margin_worker.py", "nan-center", tmp_path], timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
     for r in range(2):
         report = json.loads((tmp_path / f"rank{r}.json").read_text())

@@ -17,24 +17,30 @@ against an independent float64 computation.
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
 
-# The losses by name, the one table of them (the trainer's --loss presets are
-# built from it): scale s and margins m1, m2, m3.
-PRESETS = {
-    "arcface": dict(s=64.0, m1=1.0, m2=0.5, m3=0.0),
-    "cosface": dict(s=64.0, m1=1.0, m2=0.0, m3=0.4),
-    "combined": dict(s=64.0, m1=1.0, m2=0.3, m3=0.2),
-    # CosFace with half the scale and margin: starts learning within a few hundred steps on
-    # 10^3 classes, where s = 64, m = 0.4 stays at chance that long (the synthetic default)
-    "cosface-small": dict(s=32.0, m1=1.0, m2=0.0, m3=0.2),
-}
-
 # sin(theta) below this is treated as this value in d f / d c (the derivative
 # of the main branch has 1/sin(theta), infinite at c = +-1).
 _MIN_SIN = 1e-6
+
+
+class MarginParameterError(ValueError):
+    """A margin's parameter is out of range; `param` names it (the trainer names its configuration field)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def _require_numbers(loss: str, **params) -> None:
+    """Each parameter a finite number, or MarginParameterError naming it."""
+    for name, value in params.items():
+        if (not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool)
+                or not math.isfinite(value)):
+            raise MarginParameterError(name, f"{loss} parameter {name} must be a finite number, got {value!r}")
 
 
 class Margin:
@@ -46,10 +52,13 @@ class Margin:
     with running statistics updates them in this call (once per call, the same on every rank);
     state() / load_state(state) are those statistics (a dict of floats, {} if none).
     KIND and PARAM_NAMES name the margin and the values of as_tuple() (checked equal across ranks).
+    CONFIG_PREFIX names the trainer's fields of its PARAM_NAMES other than s (config.py): PREFIX_NAME;
+    s is margin_s for every margin. The constructor's defaults are the published ones (LOSSES, below).
     """
 
     KIND = 0.0
     PARAM_NAMES: "tuple[str, ...]" = ()
+    CONFIG_PREFIX = ""
     s: float
 
     def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
@@ -71,17 +80,15 @@ class CombinedMarginLoss(Margin):
 
     KIND = 0.0
     PARAM_NAMES = ("s", "m1", "m2", "m3")
+    CONFIG_PREFIX = "margin"
 
-    def __init__(self, s: float = PRESETS["arcface"]["s"], m1: float = PRESETS["arcface"]["m1"],
-                 m2: float = PRESETS["arcface"]["m2"], m3: float = PRESETS["arcface"]["m3"]):
+    def __init__(self, s: float = 64.0, m1: float = 1.0, m2: float = 0.5, m3: float = 0.0):
         """ArcFace's margins unless others are given."""
-        for name, value in (("s", s), ("m1", m1), ("m2", m2), ("m3", m3)):
-            if not math.isfinite(value):
-                raise ValueError(f"margin parameter {name} must be finite, got {value}")
+        _require_numbers("margin", s=s, m1=m1, m2=m2, m3=m3)
         if s <= 0:
-            raise ValueError(f"margin scale s must be positive, got {s}")
+            raise MarginParameterError("s", f"margin scale s must be positive, got {s}")
         if m1 <= 0:
-            raise ValueError(f"margin m1 must be positive, got {m1}")
+            raise MarginParameterError("m1", f"margin m1 must be positive, got {m1}")
         self.s, self.m1, self.m2, self.m3 = float(s), float(m1), float(m2), float(m3)
         # Fallback branch for angles where m1 * theta + m2 > pi.
         self.theta_limit = (math.pi - self.m2) / self.m1
@@ -89,13 +96,11 @@ class CombinedMarginLoss(Margin):
 
     @classmethod
     def from_name(cls, name: str, s: "float | None" = None) -> "CombinedMarginLoss":
-        """The named preset of PRESETS; `s` replaces its scale when given."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown margin {name!r}; choose one of {sorted(PRESETS)}")
-        preset = dict(PRESETS[name])
-        if s is not None:
-            preset["s"] = s
-        return cls(**preset)
+        """The named combined-margin preset of LOSSES; `s` replaces its scale when given."""
+        names = [name for name, (kind, _) in LOSSES.items() if kind is cls]
+        if name not in names:
+            raise ValueError(f"unknown margin {name!r}; choose one of {sorted(names)}")
+        return make_margin(name, **({} if s is None else {"s": s}))
 
     def __repr__(self) -> str:
         return f"CombinedMarginLoss(s={self.s}, m1={self.m1}, m2={self.m2}, m3={self.m3})"
@@ -160,22 +165,21 @@ class AdaFaceMargin(Margin):
 
     KIND = 1.0
     PARAM_NAMES = ("s", "m", "h", "t_alpha")
+    CONFIG_PREFIX = "adaface"
     EPS = 1e-3                  # head.py:61
     NORM_CLIP = (0.001, 100.0)  # head.py:83
     INITIAL = {"batch_mean": 20.0, "batch_std": 100.0}   # head.py:67-69
 
     def __init__(self, s: float = 64.0, m: float = 0.4, h: float = 0.333, t_alpha: float = 0.01):
-        for name, value in (("s", s), ("m", m), ("h", h), ("t_alpha", t_alpha)):
-            if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
-                raise ValueError(f"AdaFace parameter {name} must be a finite number, got {value!r}")
+        _require_numbers("AdaFace", s=s, m=m, h=h, t_alpha=t_alpha)
         if s <= 0:
-            raise ValueError(f"AdaFace scale s must be positive, got {s}")
+            raise MarginParameterError("s", f"AdaFace scale s must be positive, got {s}")
         if m < 0:
-            raise ValueError(f"AdaFace margin m must be >= 0, got {m}")
+            raise MarginParameterError("m", f"AdaFace margin m must be >= 0, got {m}")
         if h <= 0:
-            raise ValueError(f"AdaFace h must be positive (h = 0 makes it CosFace), got {h}")
+            raise MarginParameterError("h", f"AdaFace h must be positive (h = 0 makes it CosFace), got {h}")
         if not 0.0 < t_alpha <= 1.0:
-            raise ValueError(f"AdaFace t_alpha must be in (0, 1], got {t_alpha}")
+            raise MarginParameterError("t_alpha", f"AdaFace t_alpha must be in (0, 1], got {t_alpha}")
         self.s, self.m, self.h, self.t_alpha = float(s), float(m), float(h), float(t_alpha)
         self.batch_mean = self.INITIAL["batch_mean"]
         self.batch_std = self.INITIAL["batch_std"]
@@ -225,3 +229,122 @@ class AdaFaceMargin(Margin):
         finite = np.isfinite(cos_t)
         scaled = self.s * cos_t
         return np.where(finite, f, scaled), np.where(finite, grad, scaled)
+
+
+class ElasticFaceMargin(Margin):
+    """ElasticFace (Boutros et al. 2022): the margin of each row drawn from N(m, std), following the
+    official fdbtrs/ElasticFace utils/losses.py.
+
+      angular (ElasticArcFace):  f_t = s * cos(arccos(clip(c, -1, 1)) + m_i)
+      cosine  (ElasticCosFace):  f_t = s * (c - m_i)
+    with m_i ~ N(m, std), one draw per row of the global batch at every call. The "+" variants
+    (plus=True) sort the draws ascending and give row i the sorted draw at position rank_i, where
+    rank_i is row i's position in the rows sorted by target cosine, descending (the official
+    margin[argsort(-cos_t)]: the permutation is applied as it is, not inverted).
+    No fallback past pi (the official code has none); the draws carry no gradient.
+
+    The draws are keyed by (seed, call, row): call counts the calls of target_logit over the run
+    (state(), so a resume continues them) and row is the index in the global batch, so they are the
+    same on every rank, on any world size with the same global batch, and after a resume.
+    """
+
+    KIND = 2.0
+    PARAM_NAMES = ("s", "m", "std", "angular", "plus", "seed")
+    CONFIG_PREFIX = "elastic"
+    CONFIG_PARAMS = ("s", "m", "std")
+
+    def __init__(self, s: float = 64.0, m: float = 0.5, std: float = 0.05, angular: bool = True,
+                 plus: bool = False, seed: int = 0):
+        _require_numbers("ElasticFace", s=s, m=m, std=std)
+        if s <= 0:
+            raise MarginParameterError("s", f"ElasticFace scale s must be positive, got {s}")
+        if std < 0:
+            raise MarginParameterError("std", f"ElasticFace std must be >= 0, got {std}")
+        if isinstance(seed, bool) or int(seed) != seed or seed < 0:
+            raise MarginParameterError("seed", f"ElasticFace seed must be a non-negative integer, got {seed!r}")
+        self.s, self.m, self.std = float(s), float(m), float(std)
+        self.angular, self.plus, self.seed = bool(angular), bool(plus), int(seed)
+        self.calls = 0
+
+    def __repr__(self) -> str:
+        name = "ElasticArcFace" if self.angular else "ElasticCosFace"
+        return f"ElasticFaceMargin({name}{'+' if self.plus else ''}, s={self.s}, m={self.m}, std={self.std})"
+
+    def state(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state(self, state: dict) -> None:
+        calls = state.get("calls") if set(state) == {"calls"} else None
+        if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0:
+            raise ValueError(f"ElasticFace state must be {{'calls': a non-negative integer}}, got {state!r}")
+        self.calls = calls
+
+    def draws(self, call: int, rows: int) -> np.ndarray:
+        """The margins of call `call` for a global batch of `rows` rows (float64), in the official order."""
+        generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, call])))
+        return generator.normal(self.m, self.std, size=rows)
+
+    def target_logit(self, cos_t: np.ndarray, norms: "np.ndarray | None" = None) -> "tuple[np.ndarray, np.ndarray]":
+        """(f, df/dc) in float64 for the global batch's target cosines (N,); one call = one draw of N
+        margins. Non-finite cosines are passed on as s * cos_t."""
+        cos_t = np.asarray(cos_t, dtype=np.float64)
+        margins = self.draws(self.calls, cos_t.size)
+        self.calls += 1
+        if self.plus:
+            # official: margin sorted ascending, then indexed by the descending sort order of cos_t
+            order = np.argsort(-np.nan_to_num(cos_t, nan=-np.inf), kind="stable")
+            margins = np.sort(margins)[order]
+        c = np.clip(cos_t, -1.0, 1.0)
+        if self.angular:
+            with np.errstate(invalid="ignore"):
+                theta = np.arccos(c)
+            f = np.cos(theta + margins)
+            grad = np.sin(theta + margins) / np.maximum(np.sin(theta), _MIN_SIN)
+        else:
+            f, grad = c - margins, np.ones_like(c)
+        finite = np.isfinite(cos_t)
+        scaled = self.s * cos_t
+        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+
+
+# The losses by name, the one table of them (the trainer's --loss presets are built from it):
+# name: (margin class, the parameters that differ from the class's defaults, which are the published ones).
+LOSSES = {
+    "arcface": (CombinedMarginLoss, {}),
+    "cosface": (CombinedMarginLoss, dict(m2=0.0, m3=0.4)),
+    "combined": (CombinedMarginLoss, dict(m2=0.3, m3=0.2)),
+    # CosFace with half the scale and margin: starts learning within a few hundred steps on
+    # 10^3 classes, where s = 64, m = 0.4 stays at chance that long (the synthetic default)
+    "cosface-small": (CombinedMarginLoss, dict(s=32.0, m2=0.0, m3=0.2)),
+    "adaface": (AdaFaceMargin, {}),
+    # ElasticFace's config/config.py: std 0.05 (arc, cos), 0.0175 (arc+), 0.02 (cos+); m 0.5 (arc), 0.35 (cos)
+    "elasticface-arc": (ElasticFaceMargin, {}),
+    "elasticface-arc+": (ElasticFaceMargin, dict(std=0.0175, plus=True)),
+    "elasticface-cos": (ElasticFaceMargin, dict(m=0.35, angular=False)),
+    "elasticface-cos+": (ElasticFaceMargin, dict(m=0.35, std=0.02, angular=False, plus=True)),
+}
+
+
+def preset_params(name: str) -> dict:
+    """Every constructor parameter of loss `name` (LOSSES), the class's defaults filled in."""
+    kind, params = LOSSES[name]
+    defaults = {p.name: p.default for p in inspect.signature(kind).parameters.values()}
+    return {**defaults, **params}
+
+
+def config_params(kind: type) -> "tuple[str, ...]":
+    """The parameters of margin class `kind` that are the trainer's configuration fields."""
+    return getattr(kind, "CONFIG_PARAMS", kind.PARAM_NAMES)
+
+
+def config_field(kind: type, param: str) -> str:
+    """The trainer's configuration field of parameter `param` of margin class `kind`."""
+    return "margin_s" if param == "s" else f"{kind.CONFIG_PREFIX}_{param}"
+
+
+def make_margin(name: str, **params) -> Margin:
+    """The margin of loss `name` (LOSSES), `params` replacing its preset's values."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
+    kind, _ = LOSSES[name]
+    return kind(**{**preset_params(name), **params})

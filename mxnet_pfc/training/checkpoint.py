@@ -43,7 +43,7 @@ import re
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import mxnet as mx
 
@@ -184,7 +184,9 @@ class State:
     samples_seen: int          # over the run's whole history (resumes on other world sizes included)
     num_images: int
     best: dict                 # the best verification figures so far
-    config: dict               # Config.to_dict(): network, seed, the max_update asked for ...
+    config: dict               # Config.to_dict(): network, seed, loss, the max_update asked for ...
+    # the margin's running statistics after this step (Margin.state(); {}: a margin without any)
+    margin_state: dict = field(default_factory=dict)
 
 
 _STATE_FIELDS = {        # field: (type, smallest value) of what a resume reads from state.json

@@ -60,10 +60,15 @@ class Config:
     fp16: bool = False
     # ---- head
     loss: str = "arcface"
-    margin_s: float = margin.PRESETS["arcface"]["s"]
-    margin_m1: float = margin.PRESETS["arcface"]["m1"]
-    margin_m2: float = margin.PRESETS["arcface"]["m2"]
-    margin_m3: float = margin.PRESETS["arcface"]["m3"]
+    margin_s: float = margin.preset_params("arcface")["s"]
+    margin_m1: float = margin.preset_params("arcface")["m1"]
+    margin_m2: float = margin.preset_params("arcface")["m2"]
+    margin_m3: float = margin.preset_params("arcface")["m3"]
+    adaface_m: float = margin.preset_params("adaface")["m"]
+    adaface_h: float = margin.preset_params("adaface")["h"]
+    adaface_t_alpha: float = margin.preset_params("adaface")["t_alpha"]
+    elastic_m: float = margin.preset_params("elasticface-arc")["m"]
+    elastic_std: float = margin.preset_params("elasticface-arc")["std"]
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
     # ---- optimisation (both optimizers)
@@ -131,9 +136,12 @@ NETWORK_FIELDS = {
     "r18-lite": dict(embedding_size=128),
 }
 NETWORKS = {name: dict(network=name, **NETWORK_FIELDS.get(name, {})) for name in symbols.NETWORKS}
-# --loss: the margin presets of margin.PRESETS, as configuration fields.
-LOSSES = {name: dict(loss=name, **{f"margin_{key}": value for key, value in preset.items()})
-          for name, preset in margin.PRESETS.items()}
+# --loss: the losses of margin.LOSSES, their parameters as configuration fields (margin.config_field).
+LOSSES = {name: dict(loss=name, **{margin.config_field(kind, param): margin.preset_params(name)[param]
+                                   for param in margin.config_params(kind)})
+          for name, (kind, _) in margin.LOSSES.items()}
+# Every configuration field of a margin parameter: the ones a loss does not use may not be given with it.
+MARGIN_FIELDS = {field for preset in LOSSES.values() for field in preset if field != "loss"}
 PRESET_FIELDS = {"dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
 # What a --dataset preset says about its own data set. Naming your own set with
 # --rec or --images drops all of them: its class count, verification pairs and generation
@@ -166,11 +174,17 @@ FIELD_HELP = {
     "embedding_size": "Length of the face embedding (the backbone's output features).",
     "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
     "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
-    "loss": "Margin preset; sets margin_s, margin_m1, margin_m2, margin_m3.",
-    "margin_s": "Scale s of the logits (the norm the cosines are multiplied by).",
-    "margin_m1": "Multiplicative angular margin m1 (SphereFace; 1 = none).",
-    "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none).",
-    "margin_m3": "Additive cosine margin m3 (CosFace; 0 = none).",
+    "loss": "The loss (docs/losses.md); sets margin_s and the fields of its own parameters (margin_m1..m3 for "
+            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*), each at its published value.",
+    "margin_s": "Scale s of the logits (the norm the cosines are multiplied by), for every loss.",
+    "margin_m1": "Multiplicative angular margin m1 (SphereFace; 1 = none) of the combined-margin losses.",
+    "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none) of the combined-margin losses.",
+    "margin_m3": "Additive cosine margin m3 (CosFace; 0 = none) of the combined-margin losses.",
+    "adaface_m": "AdaFace's margin m (--loss adaface).",
+    "adaface_h": "AdaFace's h: how far the norm, in batch standard deviations, moves the margin (--loss adaface).",
+    "adaface_t_alpha": "AdaFace's momentum of the running mean and std of the feature norms (--loss adaface).",
+    "elastic_m": "ElasticFace's mean margin: angular (elasticface-arc*) or cosine (elasticface-cos*).",
+    "elastic_std": "ElasticFace's standard deviation of the per-sample margin (--loss elasticface-*).",
     "sample_rate": "Share of each rank's class centers in a step's softmax, in (0, 1]; positives always included.",
     "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
                                       "a negative class whose cosine with a sample exceeds this counts as cosine 0 "
@@ -272,6 +286,11 @@ def make_config(overrides: "dict | None" = None) -> Config:
         if kind is tuple and isinstance(value, str):
             value = _parse_value(tuple, value)
         values[name] = tuple(value) if kind is tuple else value
+    loss_fields = set(LOSSES[values["loss"]])
+    foreign = sorted(name for name in overrides if name in MARGIN_FIELDS and name not in loss_fields)
+    if foreign:
+        raise ConfigError(f"{', '.join(foreign)}: not a parameter of --loss {values['loss']} (its own are "
+                          f"{', '.join(sorted(loss_fields - {'loss'}))})")
     if values["synthetic_identities"] and not values["num_classes"]:     # a generated set has one class per identity
         values["num_classes"] = values["synthetic_identities"]
     try:
@@ -331,10 +350,25 @@ def validate(config: Config) -> None:
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
     require(config.rec or config.images or config.num_images > 0, "num_images",
             "dummy data (rec = '') needs num_images > 0")
-    require(config.margin_s > 0, "margin_s", "must be positive")
+    try:
+        margin_of(config)
+    except margin.MarginParameterError as error:     # names the margin's parameter; say its field
+        field = margin.config_field(margin.LOSSES[config.loss][0], error.param)
+        if field in MARGIN_FIELDS:
+            raise ConfigError(f"{field} = {getattr(config, field)!r}: {error}") from None
+        raise ConfigError(f"--loss {config.loss}: {error}") from None
     require(config.synthetic_identities == 0 or config.rec, "synthetic_identities", "generation needs --rec")
     require(config.synthetic_identities in (0, config.num_classes) or config.num_classes == 0, "synthetic_identities",
             f"a generated set has one class per identity: must equal num_classes ({config.num_classes}) or be 0")
+
+
+def margin_of(config: Config, seed: "int | None" = None) -> margin.Margin:
+    """The head's margin for this configuration (margin.LOSSES), seeded by `seed` (default config.seed)."""
+    kind = margin.LOSSES[config.loss][0]
+    params = {param: getattr(config, margin.config_field(kind, param)) for param in margin.config_params(kind)}
+    if "seed" in margin.preset_params(config.loss):
+        params["seed"] = config.seed if seed is None else seed
+    return margin.make_margin(config.loss, **params)
 
 
 def parse_args(argv=None) -> Config:

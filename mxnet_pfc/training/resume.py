@@ -15,6 +15,7 @@ import mxnet as mx
 
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint
+from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training.checkpoint import CheckpointError
 
 
@@ -28,6 +29,7 @@ class Resume:
     step: int              # the last step done, in this run's numbering
     epoch: int
     changes: "tuple[str, ...]" = ()    # what differs from the checkpoint's run, and what the resume does about it
+    margin_state: "dict | None" = None  # the margin's running statistics to continue (None: start afresh)
 
 
 def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int, global_batch: int,
@@ -43,7 +45,32 @@ def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int
     checkpoint.check_params(aux_params, dict(zip(symbol.list_auxiliary_states(), aux_shapes)), path, cfg.network)
     step, epoch = checkpoint.resume_position(state, steps_per_epoch, global_batch)
     changes = describe_changes(state, path, cfg.seed, world, steps_per_epoch, global_batch, num_images, step)
-    return Resume(path, state, arg_params, aux_params, step, epoch, changes)
+    margin_state, margin_change = margin_state_to_continue(state, path, cfg)
+    return Resume(path, state, arg_params, aux_params, step, epoch, changes + margin_change, margin_state)
+
+
+def margin_state_to_continue(state: dict, path: str, cfg) -> "tuple[dict | None, tuple[str, ...]]":
+    """(the checkpoint's margin statistics if this run continues them, what the resume says about them).
+
+    Statistics continue under the same loss (any world size: they are global-batch figures); another
+    --loss, or a checkpoint without them (written before they were kept), starts them afresh, and says so.
+    A damaged record is refused, naming the field."""
+    fresh = config_lib.margin_of(cfg).state()
+    saved_loss = state["config"].get("loss")
+    saved = state.get("margin_state")
+    if saved_loss != cfg.loss:
+        return None, ((f"loss {saved_loss} -> {cfg.loss}: the new loss's running statistics start afresh",)
+                      if fresh else ())
+    if saved is None or saved == {}:
+        return None, ((f"{cfg.loss}'s running statistics start afresh (the checkpoint holds none)",)
+                      if fresh else ())
+    try:
+        if not isinstance(saved, dict):
+            raise ValueError(f"expected an object, got {saved!r}")
+        config_lib.margin_of(cfg).load_state(saved)
+    except ValueError as error:
+        raise CheckpointError(f"{path}/state.json: field 'margin_state' is damaged: {error}") from None
+    return saved, ()
 
 
 def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_epoch: int, global_batch: int,
@@ -78,11 +105,14 @@ def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_ep
     return tuple(changes)
 
 
-def restore(resume: Resume, module, bank) -> None:
-    """Backbone, its optimizer state and this rank's centers and momentum, from the checkpoint."""
+def restore(resume: Resume, module, head) -> None:
+    """Backbone, its optimizer state, this rank's centers and momentum and the margin's running statistics,
+    from the checkpoint."""
     module.set_params(resume.arg_params, resume.aux_params)
     checkpoint.load_optimizer_state(resume.path, module)
-    bank.load(resume.path, resume.state["shards"])
+    head.bank.load(resume.path, resume.state["shards"])
+    if resume.margin_state:
+        head.margin.load_state(resume.margin_state)
 
 
 def describe(resume: Resume) -> str:
@@ -91,4 +121,7 @@ def describe(resume: Resume) -> str:
     samples = checkpoint.samples_seen(saved)
     line = (f"resuming from {resume.path} ({samples:,} samples seen, step {saved['step']} on {saved['world_size']} "
             f"rank(s)) at step {resume.step}, epoch {resume.epoch}")
+    if resume.margin_state:
+        line += "; the margin's running statistics continue: " + ", ".join(
+            f"{name} {value!r}" for name, value in resume.margin_state.items())
     return line + "".join(f"\n  - {change}" for change in resume.changes) if resume.changes else line

@@ -27,7 +27,6 @@ import symbols
 from mxnet_pfc.data import folders, synthetic_set
 from mxnet_pfc.data.iterators import DummyIter, FolderIter, RecordIter, steps_in_epoch
 from mxnet_pfc.eval.during_training import TrainingEvaluation
-from mxnet_pfc.head.margin import CombinedMarginLoss
 from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 from mxnet_pfc.models.export import export_model
 from mxnet_pfc.models.inference import float32_params, inference_symbol
@@ -99,9 +98,8 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
     """The head and the module: their constructors run collectives (checks, broadcast)."""
-    margin = CombinedMarginLoss(cfg.margin_s, cfg.margin_m1, cfg.margin_m2, cfg.margin_m3)
-    head = PartialFC(margin, cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx, lr=schedule(0),
-                     momentum=cfg.momentum, wd=cfg.weight_decay,
+    head = PartialFC(config_lib.margin_of(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx,
+                     lr=schedule(0), momentum=cfg.momentum, wd=cfg.weight_decay,
                      interclass_filtering_threshold=cfg.interclass_filtering_threshold)
     module = PartialFCModule(symbol, head, cfg.batch_size, ctx, cfg.momentum, cfg.weight_decay, cfg.fp16,
                              cfg.image_size, cfg.grad_accum)
@@ -165,7 +163,7 @@ def train(cfg: config_lib.Config) -> dict:
         log.info(f"{head}; log file {log_path}")
         if resume is not None:
             with comm.fail_together("resuming"), watchdog.working("resuming"):
-                resume_lib.restore(resume, module, head.bank)
+                resume_lib.restore(resume, module, head)
             log.info(resume_lib.describe(resume))
             if plan.length_note:
                 log.info(plan.length_note)
@@ -275,7 +273,8 @@ class Trainer:
                            samples_per_sec_per_rank=figures["samples_per_sec_per_rank"],
                            samples_per_sec=figures["samples_per_sec"],
                            data_wait_fraction=figures["data_wait_fraction"],
-                           **{f"phase/{name}": share for name, share in figures["phases"].items()})
+                           **{f"phase/{name}": share for name, share in figures["phases"].items()},
+                           **{f"margin/{name}": value for name, value in self.head.margin.state().items()})
 
     def verify(self, step: int, params=None) -> dict:
         """Rank 0: the verification report of `params` (default: rank 0's current backbone).
@@ -292,7 +291,8 @@ class Trainer:
         cfg, plan = self.cfg, self.plan
         state = checkpoint.State(steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
                                  max_update=plan.max_update, samples_seen=self.samples_seen(step),
-                                 num_images=plan.num_images, best=self.best, config=cfg.to_dict())
+                                 num_images=plan.num_images, best=self.best, config=cfg.to_dict(),
+                                 margin_state=self.head.margin.state())
         with watchdog.working("checkpoint"):
             return checkpoint.save(self.run_folder.checkpoints, step, module=self.module,
                                    bank=self.head.bank, symbol=self.setup.symbol, state=state,

@@ -1,11 +1,11 @@
-"""Runs on every rank under horovodrun; driven by tests/test_adaface.py.
+"""Runs on every rank under horovodrun; driven by tests/margin_golden.py and tests/test_adaface.py.
 
-  adaface_worker.py golden INPUT.npz OUTDIR  every scenario of INPUT (AdaFaceMargin, its steps of
-                                             micro-batches); writes OUTDIR/rank<R>.npz
-  adaface_worker.py differ WHAT               the last rank's margin differs (h: another h; kind:
-                                             a CombinedMarginLoss); construction must fail
-  adaface_worker.py nan-center OUTDIR         a good step, then a NaN center on the last rank; writes
-                                             OUTDIR/rank<R>.json (error, running statistics unchanged)
+  margin_worker.py golden INPUT.npz OUTDIR  every scenario of INPUT (a loss of margin.LOSSES with its
+                                            parameters, its steps of micro-batches); writes OUTDIR/rank<R>.npz
+  margin_worker.py differ WHAT              the last rank's margin differs (h: AdaFace with another h;
+                                            kind: a CombinedMarginLoss); construction must fail
+  margin_worker.py nan-center OUTDIR        a good AdaFace step, then a NaN center on the last rank; writes
+                                            OUTDIR/rank<R>.json (error, running statistics unchanged)
 """
 import json
 import sys
@@ -14,6 +14,7 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc import AdaFaceMargin, CombinedMarginLoss, PartialFC
+from mxnet_pfc.head.margin import make_margin
 from mxnet_pfc.head.partial_fc import NonFiniteLossError
 from mxnet_pfc.runtime import comm
 
@@ -23,10 +24,10 @@ def main(input_path, out_dir):
     rank, world = comm.rank(), comm.size()
     results = {}
     for name in data["scenarios"]:
-        s, m, h, t_alpha = data[f"{name}/margin"]
+        margin = make_margin(str(data[f"{name}/loss"]), **json.loads(str(data[f"{name}/params"])))
         w_all, mom_all = data[f"{name}/weight"], data[f"{name}/mom"]
         lrs, steps = data[f"{name}/lrs"], len(data[f"{name}/lrs"])
-        pfc = PartialFC(AdaFaceMargin(s, m, h, t_alpha), embedding_size=w_all.shape[1],
+        pfc = PartialFC(margin, embedding_size=w_all.shape[1],
                         num_classes=w_all.shape[0], sample_rate=float(data[f"{name}/rate"]),
                         lr=float(lrs[0]), seed=7)
         part = slice(pfc.bank.class_start, pfc.bank.class_start + pfc.bank.num_local)
@@ -48,8 +49,7 @@ def main(input_path, out_dir):
                 results[key + "/index"] = pfc.sampled_index.asnumpy()
                 results[key + "/weight"] = pfc.bank.weight.asnumpy()
                 results[key + "/mom"] = pfc.bank.weight_mom.asnumpy()
-                state = pfc.margin.state()
-                results[key + "/state"] = np.array([state["batch_mean"], state["batch_std"]])
+                results[key + "/state"] = json.dumps(pfc.margin.state(), sort_keys=True)
     np.savez(f"{out_dir}/rank{rank}.npz", **results)
 
 

@@ -1,0 +1,116 @@
+"""The margin losses as users train them: --loss PRESET through config.sh, their running statistics
+and per-sample draws kept in checkpoints, so that a resume continues them exactly.
+
+The head's numbers for each loss are checked against independent float64 computations in
+test_adaface.py / test_margins.py; here the trainer carries them through a run's history.
+"""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from launch import ckpt, config_sh, run_command, tiny_synthetic_run
+from mxnet_pfc.training import checkpoint
+
+RUN = ("--max_update", 16, "--save_interval", 8, "--frequent", 1)
+
+
+def margin_records(output) -> dict:
+    """{step: (loss, {margin statistic: value})} from rank 0's metrics.jsonl."""
+    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
+    return {r["step"]: (r["loss"], {k: v for k, v in r.items() if k.startswith("margin/")})
+            for r in records if "loss" in r}
+
+
+def saved_margin_state(folder) -> dict:
+    return json.loads((folder / "state.json").read_text())["margin_state"]
+
+
+@pytest.mark.parametrize("loss", ["adaface", "elasticface-arc+"])
+def test_a_resume_continues_the_margin_exactly_and_another_world_size_continues_its_statistics(
+        reference, tmp_path, loss):
+    """AdaFace's running norm statistics and ElasticFace's draw counter are in state.json: a resume from
+    step 8 gives steps 9-16 bit for bit as the uninterrupted run; a resume on 1 rank starts from them."""
+    data, _ = reference
+    whole = tmp_path / "whole"
+    proc = run_command(config_sh(*tiny_synthetic_run(data, whole, *RUN, "--loss", loss)), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    saved = saved_margin_state(ckpt(whole / "checkpoints", 8))
+    assert saved and saved != saved_margin_state(ckpt(whole / "checkpoints", 16))
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(ckpt(whole / "checkpoints", 8), resumed / "checkpoints" / ckpt(whole / "checkpoints", 8).name)
+    proc = run_command(config_sh(*tiny_synthetic_run(data, resumed, *RUN, "--loss", loss, "--resume", "latest")),
+                       timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    expected, got = margin_records(whole), margin_records(resumed)
+    assert sorted(got) == list(range(9, 17))
+    assert {step: expected[step] for step in got} == got          # losses and statistics, bit for bit
+
+    one_rank = tmp_path / "one-rank"
+    shutil.copytree(ckpt(whole / "checkpoints", 8), one_rank / "checkpoints" / ckpt(whole / "checkpoints", 8).name)
+    proc = run_command(config_sh(*tiny_synthetic_run(data, one_rank, *RUN, "--loss", loss, "--resume", "latest"),
+                                 ranks=1), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    continued = ", ".join(f"{name} {value!r}" for name, value in saved.items())
+    assert f"the margin's running statistics continue: {continued}" in proc.stdout
+    if loss == "elasticface-arc+":      # the draws go on from the 8 calls made: 16 more steps of half the batch
+        newest = checkpoint.latest(str(one_rank / "checkpoints"))
+        assert newest.step == 32 and json.loads(open(f"{newest.path}/state.json").read())["margin_state"] == {
+            "calls": 8 + 16}
+
+
+def test_a_resume_under_another_loss_starts_its_statistics_afresh_and_says_so(reference, tmp_path):
+    data, run = reference
+    output = tmp_path / "run"
+    source = ckpt(run / "checkpoints", 24)          # the reference run's ArcFace-family checkpoint
+    shutil.copytree(source, output / "checkpoints" / source.name)
+    proc = run_command(config_sh(*tiny_synthetic_run(data, output, "--max_update", 26, "--loss", "adaface",
+                                                     "--resume", "latest")), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "loss cosface-small -> adaface: the new loss's running statistics start afresh" in proc.stdout
+
+
+def test_a_damaged_margin_record_is_refused_on_every_rank_naming_the_field(reference, tmp_path):
+    data, _ = reference
+    whole = tmp_path / "whole"
+    proc = run_command(config_sh(*tiny_synthetic_run(data, whole, "--max_update", 8, "--loss", "adaface")),
+                       timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    state_file = ckpt(whole / "checkpoints", 8) / "state.json"
+    state = json.loads(state_file.read_text())
+    state["margin_state"]["batch_std"] = "NaN"
+    state_file.write_text(json.dumps(state))
+    proc = run_command(config_sh(*tiny_synthetic_run(data, whole, "--max_update", 10, "--loss", "adaface",
+                                                     "--resume", "latest")), timeout=300)
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        log = (whole / "logs" / f"rank{rank}.log").read_text()
+        assert "state.json: field 'margin_state' is damaged" in log and "batch_std" in log, rank
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--loss", "arcface", "--adaface_h", "0.5"], "adaface_h: not a parameter of --loss arcface"),
+    (["--loss", "adaface", "--adaface_t_alpha", "0"], "adaface_t_alpha = 0.0: AdaFace t_alpha must be in (0, 1]"),
+    (["--loss", "elasticface-cos", "--elastic_std", "-0.1"], "elastic_std = -0.1: ElasticFace std must be >= 0"),
+    (["--loss", "adaface", "--margin_s", "nan"], "margin_s = nan: AdaFace parameter s must be a finite number"),
+    (["--loss", "elasticface"], "unknown loss 'elasticface'"),
+])
+def test_bad_loss_parameters_are_refused_naming_the_field(argv, message):
+    from mxnet_pfc.runtime.errors import ConfigError
+    from mxnet_pfc.training import config
+    with pytest.raises(ConfigError) as error:
+        config.parse_args(argv)
+    assert message in str(error.value)
+
+
+def test_each_preset_sets_its_published_parameters():
+    from mxnet_pfc.training import config
+    cfg = config.parse_args(["--loss", "elasticface-cos+"])
+    assert (cfg.margin_s, cfg.elastic_m, cfg.elastic_std) == (64.0, 0.35, 0.02)
+    margin = config.margin_of(cfg)
+    assert (margin.angular, margin.plus, margin.seed) == (False, True, cfg.seed)
+    cfg = config.parse_args(["--loss", "adaface", "--adaface_h", "0.5"])
+    assert config.margin_of(cfg).as_tuple() == (64.0, 0.4, 0.5, 0.01)
+    assert np.isclose(config.parse_args(["--loss", "elasticface-arc+"]).elastic_std, 0.0175)
