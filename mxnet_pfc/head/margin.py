@@ -54,11 +54,16 @@ class Margin:
     KIND and PARAM_NAMES name the margin and the values of as_tuple() (checked equal across ranks).
     CONFIG_PREFIX names the trainer's fields of its PARAM_NAMES other than s (config.py): PREFIX_NAME;
     s is margin_s for every margin. The constructor's defaults are the published ones (LOSSES, below).
+
+    A loss that depends on the embeddings' norms beyond the target logit (MagFace) sets USES_NORM and
+    gives norm_terms(cos_t, norms) -> (penalty, d penalty / d norm, d f_t / d norm), each (N,): the head adds
+    the mean penalty to the loss and d loss / d |x| along each embedding (the radial part of its gradient).
     """
 
     KIND = 0.0
     PARAM_NAMES: "tuple[str, ...]" = ()
     CONFIG_PREFIX = ""
+    USES_NORM = False
     s: float
 
     def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
@@ -73,6 +78,9 @@ class Margin:
     def load_state(self, state: dict) -> None:
         if state:
             raise ValueError(f"{type(self).__name__} has no state, got {sorted(state)}")
+
+    def norm_terms(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
+        raise NotImplementedError
 
 
 class CombinedMarginLoss(Margin):
@@ -307,6 +315,98 @@ class ElasticFaceMargin(Margin):
         return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
 
 
+class MagFaceMargin(Margin):
+    """MagFace (Meng et al. 2021), following the official IrvingMeng/MagFace models/magface.py (commit 99bae61,
+    lines cited below) and its training setting run/run.sh (lambda_g = 35).
+
+    For every row, with a = clip(|x|, l_a, u_a) (magface.py:88; not detached, so the gradient through the
+    norm is zero outside [l_a, u_a]) and c = clip(cos_t, -1, 1) (magface.py:95):
+      m(a) = (u_m - l_m) / (u_a - l_a) * (a - l_a) + l_m                      (magface.py:57-62)
+      easy_margin (the official default, magface.py:75, 98-99):
+          f_t = s * cos(arccos(c) + m(a))   where c > 0,   s * c   elsewhere
+      easy_margin=False (magface.py:100-104):
+          f_t = s * cos(arccos(c) + m(a))   where c > cos(pi - m(a)),   s * (c - m(a) * sin(pi - m(a))) elsewhere
+      loss = mean cross-entropy + lambda_g * mean g(a),  g(a) = a / u_a^2 + 1 / a    (magface.py:125-127,
+                                                                                     run/trainer.py:198-199)
+    The margin's dependence on a is trained (d f_t / d a = -s * sin(theta + m) * m'(a) on the margined branch),
+    as is g's: both give the radial part of the embedding's gradient (norm_terms). Everything is over the
+    global batch: every rank has every row's norm and target cosine, so nothing is lost between ranks.
+    d f_t / d c = s * sin(theta + m) / sin(theta) on the margined branch (sin(theta) at least 1e-6), s elsewhere.
+    """
+
+    KIND = 3.0
+    PARAM_NAMES = ("s", "l_a", "u_a", "l_m", "u_m", "lambda_g", "easy_margin")
+    CONFIG_PREFIX = "magface"
+    CONFIG_PARAMS = ("s", "l_a", "u_a", "l_m", "u_m", "lambda_g")
+    USES_NORM = True
+
+    def __init__(self, s: float = 64.0, l_a: float = 10.0, u_a: float = 110.0, l_m: float = 0.45, u_m: float = 0.8,
+                 lambda_g: float = 35.0, easy_margin: bool = True):
+        _require_numbers("MagFace", s=s, l_a=l_a, u_a=u_a, l_m=l_m, u_m=u_m, lambda_g=lambda_g)
+        if s <= 0:
+            raise MarginParameterError("s", f"MagFace scale s must be positive, got {s}")
+        if l_a <= 0:
+            raise MarginParameterError("l_a", f"MagFace l_a (the smallest norm) must be positive, got {l_a}")
+        if u_a <= l_a:
+            raise MarginParameterError("u_a", f"MagFace u_a must be above l_a ({l_a}), got {u_a}")
+        if l_m < 0:
+            raise MarginParameterError("l_m", f"MagFace l_m must be >= 0, got {l_m}")
+        if u_m < l_m:
+            raise MarginParameterError("u_m", f"MagFace u_m must be at least l_m ({l_m}), got {u_m}")
+        if lambda_g < 0:
+            raise MarginParameterError("lambda_g", f"MagFace lambda_g must be >= 0, got {lambda_g}")
+        self.s, self.l_a, self.u_a, self.l_m, self.u_m = float(s), float(l_a), float(u_a), float(l_m), float(u_m)
+        self.lambda_g, self.easy_margin = float(lambda_g), bool(easy_margin)
+        self.slope = (self.u_m - self.l_m) / (self.u_a - self.l_a)
+
+    def __repr__(self) -> str:
+        return (f"MagFaceMargin(s={self.s}, a in [{self.l_a}, {self.u_a}], m in [{self.l_m}, {self.u_m}], "
+                f"lambda_g={self.lambda_g}{'' if self.easy_margin else ', easy_margin=False'})")
+
+    def min_lambda_g(self) -> float:
+        """The smallest lambda_g for which the paper's convergence argument holds (run/trainer.py:95-100 prints
+        it: s * k * u_a^2 * l_a^2 / (u_a^2 - l_a^2), k the margin's slope); 22.6 with the defaults."""
+        return self.s * self.slope * self.u_a ** 2 * self.l_a ** 2 / (self.u_a ** 2 - self.l_a ** 2)
+
+    def _branches(self, cos_t, norms):
+        """(c, theta, m(a), whether the margined branch applies, whether a is inside [l_a, u_a])."""
+        cos_t = np.asarray(cos_t, dtype=np.float64)
+        norms = np.asarray(norms, dtype=np.float64)
+        if norms.shape != cos_t.shape or norms.ndim != 1:
+            raise ValueError(f"MagFace needs one norm per target cosine, got {norms.shape} and {cos_t.shape}")
+        a = np.clip(norms, self.l_a, self.u_a)
+        inside = (norms >= self.l_a) & (norms <= self.u_a)
+        margin = self.slope * (a - self.l_a) + self.l_m
+        c = np.clip(cos_t, -1.0, 1.0)
+        with np.errstate(invalid="ignore"):
+            theta = np.arccos(c)
+            margined = c > 0 if self.easy_margin else c > np.cos(math.pi - margin)
+        return cos_t, c, theta, margin, margined, a, inside
+
+    def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+        cos_t, c, theta, margin, margined, _, _ = self._branches(cos_t, norms)
+        other = c if self.easy_margin else c - margin * np.sin(math.pi - margin)
+        f = np.where(margined, np.cos(theta + margin), other)
+        grad = np.where(margined, np.sin(theta + margin) / np.maximum(np.sin(theta), _MIN_SIN), 1.0)
+        finite = np.isfinite(cos_t)
+        scaled = self.s * cos_t
+        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+
+    def norm_terms(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
+        """(lambda_g * g(a), its derivative in |x|, d f_t / d |x|), each (N,) float64; the derivatives are zero
+        where the clamp of a binds."""
+        _, _, theta, margin, margined, a, inside = self._branches(cos_t, norms)
+        penalty = self.lambda_g * (a / self.u_a ** 2 + 1.0 / a)
+        dpenalty = np.where(inside, self.lambda_g * (1.0 / self.u_a ** 2 - 1.0 / a ** 2), 0.0)
+        if self.easy_margin:
+            dmargin = np.where(margined, -np.sin(theta + margin), 0.0)
+        else:
+            # the fallback s * (c - m sin(pi - m)) = s * (c - m sin m) also depends on m
+            dmargin = np.where(margined, -np.sin(theta + margin), -(np.sin(margin) + margin * np.cos(margin)))
+        df_t = np.where(inside, self.s * dmargin * self.slope, 0.0)
+        return penalty, dpenalty, df_t
+
+
 # The losses by name, the one table of them (the trainer's --loss presets are built from it):
 # name: (margin class, the parameters that differ from the class's defaults, which are the published ones).
 LOSSES = {
@@ -322,6 +422,7 @@ LOSSES = {
     "elasticface-arc+": (ElasticFaceMargin, dict(std=0.0175, plus=True)),
     "elasticface-cos": (ElasticFaceMargin, dict(m=0.35, angular=False)),
     "elasticface-cos+": (ElasticFaceMargin, dict(m=0.35, std=0.02, angular=False, plus=True)),
+    "magface": (MagFaceMargin, {}),
 }
 
 

@@ -76,9 +76,9 @@ class NonFiniteLossError(PfcError, FloatingPointError):
 
 
 def global_softmax(parts: np.ndarray, norms: np.ndarray, margin: Margin,
-                   mean_over: int) -> "tuple[np.ndarray, float, np.ndarray, np.ndarray]":
-    """(lse, loss, target_coef, df_t), each (N,) but loss, from every rank's (lse_others, target_scos) rows,
-    in float64, for every row of the global batch (the same on every rank).
+                   mean_over: int) -> "tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None]":
+    """(lse, loss, target_coef, df_t, radial), each (N,) but loss, from every rank's (lse_others, target_scos)
+    rows, in float64, for every row of the global batch (the same on every rank).
 
     parts (W, 2, N): rank r's log-sum-exp over its non-target columns and its scaled target
     logits s * cos_t (0 on rows whose label it does not own: each row has one owner); norms (N,):
@@ -88,16 +88,26 @@ def global_softmax(parts: np.ndarray, norms: np.ndarray, margin: Margin,
     non-target columns and f_t, the loss the mean of lse - f_t over the N rows, and
     target_coef = (p_target - 1) / mean_over: the target cell's gradient before the margin's
     derivative df_t (docs/DESIGN.md section 2.4).
+
+    A margin whose loss depends on the norms (Margin.USES_NORM: MagFace) adds its mean penalty to
+    the loss, and radial is d loss / d |x| of every row (its target logit's and its penalty's
+    dependence on the norm); None for the others.
     """
     parts = np.asarray(parts, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):     # non-finite input is reported by the caller
-        f_t, df_t = margin.target_logit(parts[:, 1, :].sum(axis=0) / margin.s, norms)
+        cos_t = parts[:, 1, :].sum(axis=0) / margin.s
+        f_t, df_t = margin.target_logit(cos_t, norms)
         others = parts[:, 0, :]
         top = others.max(axis=0)
         lse = np.logaddexp(top + np.log(np.exp(others - top).sum(axis=0)), f_t)
         loss = float(np.mean(lse - f_t))
         target_coef = (np.exp(f_t - lse) - 1.0) / mean_over
-    return lse, loss, target_coef, df_t
+        radial = None
+        if margin.USES_NORM:
+            penalty, dpenalty, df_t_dnorm = margin.norm_terms(cos_t, norms)
+            loss += float(np.mean(penalty))
+            radial = target_coef * df_t_dnorm + dpenalty / mean_over
+    return lse, loss, target_coef, df_t, radial
 
 
 class PartialFC:
@@ -263,7 +273,7 @@ class PartialFC:
         mean_over = N * micro_batches       # the samples of the mean loss being trained
         norms = 1.0 / inv_x.asnumpy().astype(np.float64).reshape(-1)   # |x| of every row (x_all: the same everywhere)
         margin_state = self.margin.state()
-        lse, loss_value, target_coef, df_t = global_softmax(parts, norms, self.margin, mean_over)
+        lse, loss_value, target_coef, df_t, radial = global_softmax(parts, norms, self.margin, mean_over)
         # The loss is the same on every rank, so every rank stops here together,
         # before any center moves (and with the margin's running statistics as they were).
         if not np.isfinite(loss_value):
@@ -284,6 +294,8 @@ class PartialFC:
         gxh, xh_mine = grad_xh[mine], xh[mine]
         grad_x = nd.broadcast_mul(
             gxh - nd.broadcast_mul(xh_mine, nd.sum(gxh * xh_mine, axis=1, keepdims=True)), inv_x[mine])
+        if radial is not None:      # d loss / d |x| along x / |x|: the radial part (MagFace)
+            grad_x = grad_x + nd.broadcast_mul(xh_mine, nd.array(radial[mine].reshape(-1, 1), ctx=self.ctx))
         return loss_value, grad_x.as_in_context(caller_ctx)
 
     def _raise_nonfinite(self, loss: float, parts: np.ndarray) -> None:

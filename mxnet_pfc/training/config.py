@@ -69,6 +69,11 @@ class Config:
     adaface_t_alpha: float = margin.preset_params("adaface")["t_alpha"]
     elastic_m: float = margin.preset_params("elasticface-arc")["m"]
     elastic_std: float = margin.preset_params("elasticface-arc")["std"]
+    magface_l_a: float = margin.preset_params("magface")["l_a"]
+    magface_u_a: float = margin.preset_params("magface")["u_a"]
+    magface_l_m: float = margin.preset_params("magface")["l_m"]
+    magface_u_m: float = margin.preset_params("magface")["u_m"]
+    magface_lambda_g: float = margin.preset_params("magface")["lambda_g"]
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
     # ---- optimisation (both optimizers)
@@ -175,7 +180,7 @@ FIELD_HELP = {
     "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
     "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
     "loss": "The loss (docs/losses.md); sets margin_s and the fields of its own parameters (margin_m1..m3 for "
-            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*), each at its published value.",
+            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*; magface_*), each at its published value.",
     "margin_s": "Scale s of the logits (the norm the cosines are multiplied by), for every loss.",
     "margin_m1": "Multiplicative angular margin m1 (SphereFace; 1 = none) of the combined-margin losses.",
     "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none) of the combined-margin losses.",
@@ -185,6 +190,11 @@ FIELD_HELP = {
     "adaface_t_alpha": "AdaFace's momentum of the running mean and std of the feature norms (--loss adaface).",
     "elastic_m": "ElasticFace's mean margin: angular (elasticface-arc*) or cosine (elasticface-cos*).",
     "elastic_std": "ElasticFace's standard deviation of the per-sample margin (--loss elasticface-*).",
+    "magface_l_a": "MagFace's smallest feature norm l_a: norms are clipped to [l_a, u_a] (--loss magface).",
+    "magface_u_a": "MagFace's largest feature norm u_a (--loss magface).",
+    "magface_l_m": "MagFace's margin at norm l_a (--loss magface).",
+    "magface_u_m": "MagFace's margin at norm u_a (--loss magface).",
+    "magface_lambda_g": "MagFace's weight of the norm regulariser g(a) = a / u_a^2 + 1 / a (--loss magface).",
     "sample_rate": "Share of each rank's class centers in a step's softmax, in (0, 1]; positives always included.",
     "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
                                       "a negative class whose cosine with a sample exceeds this counts as cosine 0 "
