@@ -297,7 +297,8 @@ def make_config(overrides: "dict | None" = None) -> Config:
             value = _parse_value(tuple, value)
         values[name] = tuple(value) if kind is tuple else value
     loss_fields = set(LOSSES[values["loss"]])
-    foreign = sorted(name for name in overrides if name in MARGIN_FIELDS and name not in loss_fields)
+    foreign = sorted(name for name, value in overrides.items()   # a saved config.json holds every field: at defaults
+                     if name in MARGIN_FIELDS and name not in loss_fields and value != known[name].default)
     if foreign:
         raise ConfigError(f"{', '.join(foreign)}: not a parameter of --loss {values['loss']} (its own are "
                           f"{', '.join(sorted(loss_fields - {'loss'}))})")
