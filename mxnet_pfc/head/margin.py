@@ -58,12 +58,18 @@ class Margin:
     A loss that depends on the embeddings' norms beyond the target logit (MagFace) sets USES_NORM and
     gives norm_terms(cos_t, norms) -> (penalty, d penalty / d norm, d f_t / d norm), each (N,): the head adds
     the mean penalty to the loss and d loss / d |x| along each embedding (the radial part of its gradient).
+
+    A loss that reshapes the hard negatives (CurricularFace) sets HARD_NEGATIVES and gives
+    hard_negatives(cos_t) -> (threshold (N,), t): called before the log-sum-exp with every row's target
+    cosine (one more collective), it updates the margin's statistic and says which non-target cells are hard
+    (cos above the row's threshold) and the t of their value cos * (t + cos).
     """
 
     KIND = 0.0
     PARAM_NAMES: "tuple[str, ...]" = ()
     CONFIG_PREFIX = ""
     USES_NORM = False
+    HARD_NEGATIVES = False
     s: float
 
     def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
@@ -80,6 +86,9 @@ class Margin:
             raise ValueError(f"{type(self).__name__} has no state, got {sorted(state)}")
 
     def norm_terms(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
+        raise NotImplementedError
+
+    def hard_negatives(self, cos_t: np.ndarray) -> "tuple[np.ndarray, float]":
         raise NotImplementedError
 
 
@@ -407,6 +416,75 @@ class MagFaceMargin(Margin):
         return penalty, dpenalty, df_t
 
 
+class CurricularFaceMargin(Margin):
+    """CurricularFace (Huang et al. 2020), following the official HuangYG123/CurricularFace head/metrics.py
+    (class CurricularFace, commit 68c8727, lines cited below), with t over the GLOBAL batch.
+
+    For every row, c = clip(cos_t, -1, 1) (metrics.py:89), theta = arccos(c):
+      t = t_alpha * mean(c) + (1 - t_alpha) * t      over the global batch, t starting at 0, updated BEFORE use,
+                                                     no gradient (metrics.py:82, 100-101; t_alpha 0.01 there,
+                                                     Tencent/TFace's port uses 0.1)
+      hard negatives: non-target cells with cos > cos(theta + m) (the raw formula even past pi - m,
+                      metrics.py:95-96) enter as cos * (t + cos), derivative t + 2 cos (metrics.py:102)
+      f_t = s * cos(theta + m)  where c > cos(pi - m),  s * (c - m * sin(m)) elsewhere   (metrics.py:97)
+    The target cell is never modulated (metrics.py:103 overwrites it). The official head takes t from one
+    process's batch; here every rank has every row's target cosine (collective "pfc.target_cos" before the
+    log-sum-exp), as Tencent/TFace's distributed CurricularFace does, so t is the global batch's and the same
+    on every rank. state() is {"t": t}.
+    """
+
+    KIND = 4.0
+    PARAM_NAMES = ("s", "m", "t_alpha")
+    CONFIG_PREFIX = "curricular"
+    HARD_NEGATIVES = True
+
+    def __init__(self, s: float = 64.0, m: float = 0.5, t_alpha: float = 0.01):
+        _require_numbers("CurricularFace", s=s, m=m, t_alpha=t_alpha)
+        if s <= 0:
+            raise MarginParameterError("s", f"CurricularFace scale s must be positive, got {s}")
+        if not 0.0 <= m < math.pi:
+            raise MarginParameterError("m", f"CurricularFace margin m must be in [0, pi), got {m}")
+        if not 0.0 < t_alpha <= 1.0:
+            raise MarginParameterError("t_alpha", f"CurricularFace t_alpha must be in (0, 1], got {t_alpha}")
+        self.s, self.m, self.t_alpha = float(s), float(m), float(t_alpha)
+        self.t = 0.0
+        self.fallback_limit = math.cos(math.pi - self.m)      # metrics.py:79
+        self.fallback_shift = math.sin(math.pi - self.m) * self.m    # metrics.py:80
+
+    def __repr__(self) -> str:
+        return f"CurricularFaceMargin(s={self.s}, m={self.m}, t_alpha={self.t_alpha}; t={self.t:.6g})"
+
+    def state(self) -> dict:
+        return {"t": self.t}
+
+    def load_state(self, state: dict) -> None:
+        t = state.get("t") if set(state) == {"t"} else None
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise ValueError(f"CurricularFace state must be {{'t': a finite number}}, got {state!r}")
+        self.t = float(t)
+
+    def hard_negatives(self, cos_t: np.ndarray) -> "tuple[np.ndarray, float]":
+        """(each row's hard-negative threshold cos(theta + m) (N,), t), t updated first from the rows' target
+        cosines (N,), the global batch's."""
+        c = np.clip(np.asarray(cos_t, dtype=np.float64), -1.0, 1.0)
+        self.t = self.t_alpha * float(c.mean()) + (1.0 - self.t_alpha) * self.t
+        with np.errstate(invalid="ignore"):
+            threshold = c * math.cos(self.m) - np.sqrt(1.0 - c * c) * math.sin(self.m)
+        return threshold, self.t
+
+    def target_logit(self, cos_t: np.ndarray, norms: "np.ndarray | None" = None) -> "tuple[np.ndarray, np.ndarray]":
+        cos_t = np.asarray(cos_t, dtype=np.float64)
+        c = np.clip(cos_t, -1.0, 1.0)
+        with np.errstate(invalid="ignore"):
+            theta = np.arccos(c)
+            margined = c > self.fallback_limit
+        f = np.where(margined, np.cos(theta + self.m), c - self.fallback_shift)
+        grad = np.where(margined, np.sin(theta + self.m) / np.maximum(np.sin(theta), _MIN_SIN), 1.0)
+        finite = np.isfinite(cos_t)
+        scaled = self.s * cos_t
+        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+
+
 # The losses by name, the one table of them (the trainer's --loss presets are built from it):
 # name: (margin class, the parameters that differ from the class's defaults, which are the published ones).
 LOSSES = {
@@ -423,6 +501,7 @@ LOSSES = {
     "elasticface-cos": (ElasticFaceMargin, dict(m=0.35, angular=False)),
     "elasticface-cos+": (ElasticFaceMargin, dict(m=0.35, std=0.02, angular=False, plus=True)),
     "magface": (MagFaceMargin, {}),
+    "curricularface": (CurricularFaceMargin, {}),
 }
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from mxnet_pfc.head import exchange
 from mxnet_pfc.head.exchange import PartialFCInputError
-from mxnet_pfc.head.kernels.ops import head_ops
+from mxnet_pfc.head.kernels.ops import HardNegatives, head_ops
 from mxnet_pfc.head.margin import Margin
 from mxnet_pfc.head.memory_bank import MemoryBank
 from mxnet_pfc.head.sampler import CenterSampler, num_sampled_centers, shard_range
@@ -142,6 +142,9 @@ class PartialFC:
         if not 0.0 <= interclass_filtering_threshold <= 1.0:
             raise ValueError(f"interclass_filtering_threshold must be in [0, 1] (0: off), "
                              f"got {interclass_filtering_threshold}")
+        if interclass_filtering_threshold and margin.HARD_NEGATIVES:
+            raise ValueError(f"interclass_filtering_threshold ({interclass_filtering_threshold}) and {margin} both "
+                             "reshape the hard negatives: use one")
         self.margin = margin
         self.embedding_size = int(embedding_size)
         self.num_classes = int(num_classes)
@@ -263,7 +266,9 @@ class PartialFC:
         # other ranks). With inter-class filtering a non-target column whose s * cos exceeds
         # s * T counts as 0.
         threshold = s * self.filter_threshold if self.filter_threshold > 0 else None
-        scos, lse_others, target_scos = self.ops.scale_lse(scos, s * inv_w, target, mask, threshold)
+        margin_state = self.margin.state()
+        hard = self._hard_negatives(scos, inv_w, target, mask) if self.margin.HARD_NEGATIVES else None
+        scos, lse_others, target_scos = self.ops.scale_lse(scos, s * inv_w, target, mask, threshold, hard)
         # Collective 2: every rank's (lse_others, target_scos). Every rank then has the target
         # cosine of every row and computes, identically, on the host in float64 (the loss is
         # needed there anyway): the margin, and the log-sum-exp over all ranks' columns with
@@ -272,7 +277,6 @@ class PartialFC:
         parts = comm.allgather(nd.stack(lse_others, target_scos).reshape((1, 2, N)), name="pfc.lse").asnumpy()
         mean_over = N * micro_batches       # the samples of the mean loss being trained
         norms = 1.0 / inv_x.asnumpy().astype(np.float64).reshape(-1)   # |x| of every row (x_all: the same everywhere)
-        margin_state = self.margin.state()
         lse, loss_value, target_coef, df_t, radial = global_softmax(parts, norms, self.margin, mean_over)
         # The loss is the same on every rank, so every rank stops here together,
         # before any center moves (and with the margin's running statistics as they were).
@@ -284,7 +288,7 @@ class PartialFC:
         # The target cell: (p_t - 1) / N * df_t, times inv_w (used on this rank's target rows only).
         lse, target_grad = nd.array(np.stack([lse, target_coef * df_t]), ctx=self.ctx, dtype="float32")
         grad_t = target_grad * nd.take(inv_w, target)
-        gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, mean_over, threshold)
+        gs, b = self.ops.softmax_grad(scos, lse, inv_w, target, mask, grad_t, s, mean_over, threshold, hard)
         # The embeddings' gradient and the centers' SGD, in one pass over the sampled rows
         # (b * inv_w scales the radial term of the normalisation: grad_w_j - coef_j * w_j);
         # with update=False the centers' gradient is held for the micro-batch that updates.
@@ -297,6 +301,16 @@ class PartialFC:
         if radial is not None:      # d loss / d |x| along x / |x|: the radial part (MagFace)
             grad_x = grad_x + nd.broadcast_mul(xh_mine, nd.array(radial[mine].reshape(-1, 1), ctx=self.ctx))
         return loss_value, grad_x.as_in_context(caller_ctx)
+
+    def _hard_negatives(self, logits, inv_w, target, mask) -> HardNegatives:
+        """The margin's hard negatives (CurricularFace) for this step, from every row's target cosine: each rank
+        has those of the rows whose label it owns (cos * |w| in `logits` times 1 / |w|, 0 elsewhere); the
+        collective "pfc.target_cos" sums them (N floats), then the margin updates its statistic on the host."""
+        mine = nd.pick(logits, target, axis=1) * nd.take(inv_w, target) * mask
+        cos_t = comm.allreduce(mine, op="sum", name="pfc.target_cos").asnumpy()
+        threshold, t = self.margin.hard_negatives(cos_t)
+        scaled = nd.array(self.margin.s * threshold, ctx=self.ctx, dtype="float32")
+        return HardNegatives(t=t, threshold=scaled, s=self.margin.s)
 
     def _raise_nonfinite(self, loss: float, parts: np.ndarray) -> None:
         """Name the ranks whose class shard gave non-finite logits (the embeddings were checked on entry)."""

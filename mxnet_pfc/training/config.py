@@ -74,6 +74,8 @@ class Config:
     magface_l_m: float = margin.preset_params("magface")["l_m"]
     magface_u_m: float = margin.preset_params("magface")["u_m"]
     magface_lambda_g: float = margin.preset_params("magface")["lambda_g"]
+    curricular_m: float = margin.preset_params("curricularface")["m"]
+    curricular_t_alpha: float = margin.preset_params("curricularface")["t_alpha"]
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
     # ---- optimisation (both optimizers)
@@ -180,7 +182,8 @@ FIELD_HELP = {
     "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
     "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
     "loss": "The loss (docs/losses.md); sets margin_s and the fields of its own parameters (margin_m1..m3 for "
-            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*; magface_*), each at its published value.",
+            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*; magface_*; curricular_*), each at its "
+            "published value.",
     "margin_s": "Scale s of the logits (the norm the cosines are multiplied by), for every loss.",
     "margin_m1": "Multiplicative angular margin m1 (SphereFace; 1 = none) of the combined-margin losses.",
     "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none) of the combined-margin losses.",
@@ -195,6 +198,9 @@ FIELD_HELP = {
     "magface_l_m": "MagFace's margin at norm l_a (--loss magface).",
     "magface_u_m": "MagFace's margin at norm u_a (--loss magface).",
     "magface_lambda_g": "MagFace's weight of the norm regulariser g(a) = a / u_a^2 + 1 / a (--loss magface).",
+    "curricular_m": "CurricularFace's additive angular margin m (--loss curricularface).",
+    "curricular_t_alpha": "CurricularFace's momentum of t, the running mean target cosine (0.01 in the official "
+                          "code, 0.1 in Tencent/TFace's) (--loss curricularface).",
     "sample_rate": "Share of each rank's class centers in a step's softmax, in (0, 1]; positives always included.",
     "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
                                       "a negative class whose cosine with a sample exceeds this counts as cosine 0 "
@@ -361,6 +367,9 @@ def validate(config: Config) -> None:
     require(config.decode_threads >= 1, "decode_threads", "must be at least 1")
     require(config.rec or config.images or config.num_images > 0, "num_images",
             "dummy data (rec = '') needs num_images > 0")
+    require(not (config.interclass_filtering_threshold and margin.LOSSES[config.loss][0].HARD_NEGATIVES),
+            "interclass_filtering_threshold",
+            f"--loss {config.loss} reshapes the hard negatives itself: use one of them")
     try:
         margin_of(config)
     except margin.MarginParameterError as error:     # names the margin's parameter; say its field

@@ -10,6 +10,7 @@ docs/DESIGN.md sections 2.3-2.6 give the math each step computes, 2.9 the NaN ha
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
@@ -17,6 +18,16 @@ import numpy as np
 from mxnet_pfc.head.kernels.build import load_fused
 
 nd = mx.nd
+
+
+@dataclass(frozen=True)
+class HardNegatives:
+    """CurricularFace's modulation of hard negatives (docs/DESIGN.md 2.11): a non-target cell of row i whose scaled
+    logit L = s * cos exceeds threshold[i] (scaled units, (N,) float32 on the step's context) enters the softmax
+    as L * (t + L / s) = s * cos * (t + cos); its derivative in cos is s * (t + 2 cos)."""
+    t: float
+    threshold: nd.NDArray
+    s: float
 
 
 class HeadOps(ABC):
@@ -38,18 +49,19 @@ class HeadOps(ABC):
         """Writes xh . weight[index]^T (cos * |w|, N x S) into `out`; returns (out, 1 / |weight[index]| (S,))."""
 
     @abstractmethod
-    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None, hard=None):
         """Scales `logits` (N, S) in place by col_scale (S,) per column; returns (logits, lse_others, target_scos),
         each (N,): the row's log-sum-exp over its columns other than the target (all columns where mask is 0;
         -1e30 for a row with no column left) and the target's scaled logit, unmargined (0 where mask is 0). The
         margin is the host's (docs/DESIGN.md 2.3-2.4). threshold (scaled units) or None: inter-class filtering of
-        the non-target columns (2.10)."""
+        the non-target columns (2.10); hard (HardNegatives) or None: their modulation (2.11); not both."""
 
     @abstractmethod
-    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None, hard=None):
         """Returns (grad, b): grad (N, S) = d loss / d cos * inv_norm, the target cells set to target_grad where
         mask is 1, and b (S,) = sum_i grad[i, j] * cos[i, j] (docs/DESIGN.md 2.5). `logits` is consumed: it may
-        hold grad afterwards (the fused kernel writes it there), so use only the returned grad."""
+        hold grad afterwards (the fused kernel writes it there), so use only the returned grad. threshold and
+        hard: as for scale_lse."""
 
     @abstractmethod
     def sgd_rows(self, weight, mom, grad, coef, index, lr, momentum, wd):
@@ -103,6 +115,19 @@ def _filter_attrs(threshold: "float | None") -> dict:
     return {} if threshold is None else {"threshold": repr(float(threshold))}
 
 
+def _hard_args(hard: "HardNegatives | None") -> "tuple[list, dict]":
+    """The kernels' hard-negative input and attributes: none when the modulation is off."""
+    return ([], {}) if hard is None else ([hard.threshold], {"hard_t": repr(float(hard.t)), "s": repr(float(hard.s))})
+
+
+def _modulated(logits: nd.NDArray, hard: HardNegatives) -> "tuple[nd.NDArray, nd.NDArray]":
+    """(the hard negatives' modulated logits L * (t + L / s), 1 where a cell is hard): the cells above their row's
+    threshold and finite, as in the fused kernels (the target cells are the caller's)."""
+    is_hard = _filtered(nd.broadcast_sub(logits, hard.threshold.reshape((-1, 1))), 0.0)
+    value = nd.where(is_hard, logits * (hard.t + logits / hard.s), logits)
+    return value, is_hard
+
+
 class FusedOps(HeadOps):
     """The C++ kernels of pfc_kernels.cc (CPU)."""
 
@@ -111,13 +136,17 @@ class FusedOps(HeadOps):
     def inv_norm(self, weight):
         return nd.pfc_inv_norm(weight)
 
-    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
-        lse_others, target_scos = nd.pfc_scale_lse(logits, col_scale, target, mask, **_filter_attrs(threshold))
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None, hard=None):
+        extra, attrs = _hard_args(hard)
+        lse_others, target_scos = nd.pfc_scale_lse(logits, col_scale, target, mask, *extra,
+                                                   **_filter_attrs(threshold), **attrs)
         return logits, lse_others, target_scos
 
-    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
-        b = nd.pfc_softmax_grad(logits, lse, inv_norm, target, mask, target_grad, s=s, inv_n=1.0 / n,
-                                **_filter_attrs(threshold))
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None, hard=None):
+        extra, attrs = _hard_args(hard)
+        attrs.pop("s", None)
+        b = nd.pfc_softmax_grad(logits, lse, inv_norm, target, mask, target_grad, *extra, s=s, inv_n=1.0 / n,
+                                **_filter_attrs(threshold), **attrs)
         return logits, b
 
     def sgd_rows(self, weight, mom, grad, coef, index, lr, momentum, wd):
@@ -157,11 +186,13 @@ class MXNetOps(HeadOps):
         nd._internal._scatter_set_nd(lhs=matrix, rhs=values, indices=nd.stack(rows, target),
                                      shape=matrix.shape, out=matrix)
 
-    def scale_lse(self, logits, col_scale, target, mask, threshold=None):
+    def scale_lse(self, logits, col_scale, target, mask, threshold=None, hard=None):
         logits = nd.broadcast_mul(logits, col_scale.reshape((1, -1)), out=logits)
         others = logits.copy()
         if threshold is not None:       # filtered cells enter the sum as logit 0
             others = nd.where(_filtered(others, threshold), nd.zeros_like(others), others)
+        if hard is not None:
+            others = _modulated(others, hard)[0]
         # The target cells leave the sum as -1e30, not -inf: a row whose only column is its
         # target (one sampled center) then gets log-sum-exp -1e30, as in the fused kernel,
         # where -inf would make its max shift inf - inf = NaN.
@@ -171,11 +202,14 @@ class MXNetOps(HeadOps):
         target_scos = nd.where(mask, nd.pick(logits, target, axis=1), nd.zeros_like(lse_others))
         return logits, lse_others, target_scos
 
-    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None):
-        grad = nd.exp(nd.broadcast_sub(logits, lse.reshape((-1, 1))))
+    def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None, hard=None):
+        value, is_hard = _modulated(logits, hard) if hard is not None else (logits, None)
+        grad = nd.exp(nd.broadcast_sub(value, lse.reshape((-1, 1))))
         grad = nd.broadcast_mul(grad, (s / n * inv_norm).reshape((1, -1)), out=grad)
         if threshold is not None:       # a filtered cell was a constant 0: no gradient (targets set below)
             grad = nd.where(_filtered(logits, threshold), nd.zeros_like(grad), grad)
+        if hard is not None:            # d (s c (t + c)) / d c = s (t + 2 c)
+            grad = grad * nd.where(is_hard, hard.t + 2.0 * logits / s, nd.ones_like(logits))
         self._set_targets(grad, target, mask, target_grad)
         ones = self._ones_col(logits.shape[0], logits.context)
         b = nd.dot(grad * logits, ones, transpose_a=True).reshape((-1,)) / s

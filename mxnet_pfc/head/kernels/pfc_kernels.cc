@@ -31,6 +31,12 @@
 // the log-sum-exp and gets gradient 0. The scaled logit itself is kept in
 // place, so both kernels make the same decision from the same float.
 //
+// Hard-negative modulation (CurricularFace; attribute `hard_t` = t, with one more
+// input, hard_threshold (N,) in scaled units: absent, off): a non-target cell whose
+// scaled logit L = s * cos exceeds its row's threshold enters the softmax as
+// L * (t + L / s) = s * cos * (t + cos), with derivative s * (t + 2 cos) in cos. As
+// with the filter, L stays in place and both kernels decide from the same float.
+//
 // No margin here: the target's margined logit f_t and its derivative are computed on
 // the host, in float64, after collective 2 has brought every rank's lse_others and
 // target_scos to every rank (partial_fc.global_softmax, margin.py). A per-sample or
@@ -87,11 +93,28 @@ inline bool filtered(float logit, float threshold) {
   return logit > threshold && !not_finite(logit);
 }
 
-// The value a non-target scaled logit enters the softmax with. A compile-time
-// switch: a run-time test inside the loops stops GCC from vectorising exp there.
-template <bool kFiltered>
-inline float kept(float logit, float threshold) {
-  return kFiltered && filtered(logit, threshold) ? 0.0f : logit;
+// The hard-negative modulation: (on, t, 1 / s, the rows' thresholds in scaled units).
+struct Hard {
+  bool on;
+  float t, inv_s;
+  const float* threshold;
+  Hard(const std::unordered_map<std::string, std::string>& attrs, std::vector<MXTensor>& inputs,
+       size_t input, float s)
+      : on(attrs.count("hard_t") > 0), t(attr_float(attrs, "hard_t")), inv_s(1.0f / s),
+        threshold(on ? inputs[input].data<float>() : nullptr) {}
+};
+
+// What a non-target cell does to the softmax. A compile-time switch: a run-time
+// test inside the loops stops GCC from vectorising exp there.
+enum Mode { kPlain, kFilter, kHard };
+
+// The value a non-target scaled logit enters the softmax with; `threshold` is the
+// filter's, or the row's hard-negative threshold.
+template <int kMode>
+inline float kept(float logit, float threshold, float t, float inv_s) {
+  if (kMode == kFilter) return filtered(logit, threshold) ? 0.0f : logit;
+  if (kMode == kHard) return filtered(logit, threshold) ? logit * (t + logit * inv_s) : logit;
+  return logit;
 }
 
 // Momentum SGD of one center with the radial term of the normalisation (docs/DESIGN.md
@@ -138,8 +161,9 @@ MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs
 }
 
 // ------------------------------------------------------------ log-sum-exp
-// Inputs: logits (N, S) [mutated], col_scale (S), target (N) int32, mask (N).
-// Attrs: threshold (optional, see Filter).
+// Inputs: logits (N, S) [mutated], col_scale (S), target (N) int32, mask (N),
+// hard_threshold (N) with hard_t. Attrs: threshold (optional, see Filter), hard_t and
+// s (optional, see Hard).
 // Outputs, per row i:
 //   lse_others (N):  log-sum-exp over the columns j != target[i] when mask[i] != 0,
 //                    over all columns otherwise; kEmptyLse for a row with no column
@@ -149,8 +173,8 @@ MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs
 //   target_scos (N): the target's scaled logit s * cos_t as it is in the row
 //                    (NaN and Inf passed on), 0 where mask[i] = 0.
 // One row: scale in place, then the log-sum-exp over [0, skip) and (skip, S).
-template <bool kFiltered>
-float row_lse(float* row, const float* col_scale, int64_t skip, int64_t S, float threshold) {
+template <int kMode>
+float row_lse(float* row, const float* col_scale, int64_t skip, int64_t S, float threshold, float t, float inv_s) {
   const int64_t ranges[2][2] = {{0, skip < S ? skip : S}, {skip < S ? skip + 1 : S, S}};
   if (skip < S) row[skip] *= col_scale[skip];
   float row_max = -3.0e38f;
@@ -158,14 +182,14 @@ float row_lse(float* row, const float* col_scale, int64_t skip, int64_t S, float
 #pragma omp simd reduction(max : row_max)
     for (int64_t j = range[0]; j < range[1]; ++j) {
       row[j] *= col_scale[j];
-      const float value = kept<kFiltered>(row[j], threshold);
+      const float value = kept<kMode>(row[j], threshold, t, inv_s);
       row_max = value > row_max ? value : row_max;
     }
   }
   float total = 0.0f;
   for (const auto& range : ranges) {
 #pragma omp simd reduction(+ : total)
-    for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(kept<kFiltered>(row[j], threshold) - row_max);
+    for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(kept<kMode>(row[j], threshold, t, inv_s) - row_max);
   }
   // total is 0 only for a row with no column. A NaN or Inf logit makes it NaN: pass
   // that on (the caller stops the step), instead of letting the comparison hide it.
@@ -183,12 +207,14 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
   float* target_scos = (*outputs)[1].data<float>();
   const int64_t N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1];
   const Filter filter(attrs);
+  const Hard hard(attrs, *inputs, 4, attr_float(attrs, "s"));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const int64_t skip = mask[i] != 0.0f ? target[i] : S;   // S: skip nothing
     float* row = logits + i * S;
-    lse_others[i] = filter.on ? row_lse<true>(row, col_scale, skip, S, filter.threshold)
-                              : row_lse<false>(row, col_scale, skip, S, 0.0f);
+    lse_others[i] = hard.on ? row_lse<kHard>(row, col_scale, skip, S, hard.threshold[i], hard.t, hard.inv_s)
+                    : filter.on ? row_lse<kFilter>(row, col_scale, skip, S, filter.threshold, 0.0f, 0.0f)
+                                : row_lse<kPlain>(row, col_scale, skip, S, 0.0f, 0.0f, 0.0f);
     target_scos[i] = skip < S ? row[skip] : 0.0f;   // row_lse has scaled it
   }
   return MX_SUCCESS;
@@ -196,10 +222,11 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
 
 // ---------------------------------------------------------- softmax grad
 // Inputs: logits = s * cos (N, S) [mutated into the gradient], lse (N) global,
-// inv_norm (S), target (N) int32, mask (N), target_grad (N).
-// Attrs: s, inv_n (1 / global batch), threshold (optional, see Filter).
+// inv_norm (S), target (N) int32, mask (N), target_grad (N), hard_threshold (N) with hard_t.
+// Attrs: s, inv_n (1 / global batch), threshold (optional, see Filter), hard_t (optional, see Hard).
 // Output: b (S) = sum_i grad_ij * cos_ij.
-// grad_ij = exp(logit_ij - lse_i) * s * inv_n * inv_norm_j off target,
+// grad_ij = exp(logit_ij - lse_i) * s * inv_n * inv_norm_j off target (a hard negative:
+// exp(its modulated value - lse_i) * (t + 2 cos_ij) * s * inv_n * inv_norm_j),
 // target_grad_i at the target of rows with mask_i != 0.
 MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& attrs,
                            std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
@@ -215,6 +242,7 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
   const float s = attr_float(attrs, "s"), inv_s = 1.0f / s;
   const float factor = s * attr_float(attrs, "inv_n");
   const Filter filter(attrs);
+  const Hard hard(attrs, *inputs, 6, s);
   constexpr int64_t kBlock = 512;   // columns per task, so that b's partial sums stay in L1
   const int64_t num_blocks = (S + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
@@ -235,14 +263,28 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
       // The target cell sits out of the loop (exp gives 0): adding its softmax
       // term and taking it back out would lose the other terms of acc[t].
       if (has_target) row[t] = -1.0e30f;
+      if (hard.on) {
+        const float th = hard.threshold[i], ht = hard.t, inv_s_h = hard.inv_s;
 #pragma omp simd
-      for (int64_t j = j0; j < j1; ++j) {
-        const float logit = row[j];
-        // a filtered cell entered the softmax as a constant 0: no gradient
-        const float grad = filter.on && filtered(logit, filter.threshold) ? 0.0f
-                                                                           : std::exp(logit - shift) * scale[j - j0];
-        acc[j - j0] += grad * logit;
-        row[j] = grad;
+        for (int64_t j = j0; j < j1; ++j) {
+          const float logit = row[j];
+          const bool is_hard = filtered(logit, th);
+          const float value = is_hard ? logit * (ht + logit * inv_s_h) : logit;
+          const float slope = is_hard ? ht + 2.0f * logit * inv_s_h : 1.0f;
+          const float grad = std::exp(value - shift) * scale[j - j0] * slope;
+          acc[j - j0] += grad * logit;
+          row[j] = grad;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) {
+          const float logit = row[j];
+          // a filtered cell entered the softmax as a constant 0: no gradient
+          const float grad = filter.on && filtered(logit, filter.threshold) ? 0.0f
+                                                                             : std::exp(logit - shift) * scale[j - j0];
+          acc[j - j0] += grad * logit;
+          row[j] = grad;
+        }
       }
       if (has_target) {   // the target cell: its own gradient, through the margin
         acc[t - j0] += target_grad[i] * logit_t;
@@ -367,46 +409,54 @@ MXReturnValue norm_shapes(const std::unordered_map<std::string, std::string>&,
   (*out)[0] = {(*in)[0][0]}; return MX_SUCCESS;
 }
 
-MXReturnValue lse_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
-  *n_in = 4; *n_out = 2; return MX_SUCCESS;
+// The hard-negative modulation's extra input (hard_threshold), when attribute hard_t is given.
+int hard_inputs(const std::unordered_map<std::string, std::string>& attrs) { return attrs.count("hard_t") ? 1 : 0; }
+
+MXReturnValue lse_attrs(const std::unordered_map<std::string, std::string>& attrs, int* n_in, int* n_out) {
+  *n_in = 4 + hard_inputs(attrs); *n_out = 2; return MX_SUCCESS;
 }
-MXReturnValue lse_types(const std::unordered_map<std::string, std::string>&,
+MXReturnValue lse_types(const std::unordered_map<std::string, std::string>& attrs,
                         std::vector<int>* in, std::vector<int>* out) {
-  if (!check((*in)[0] == kFloat32 && (*in)[1] == kFloat32 && (*in)[2] == kInt32 && (*in)[3] == kFloat32,
-             "pfc_scale_lse", "needs float32 logits, col_scale, mask and int32 target")) return MX_FAIL;
+  if (!check((*in)[0] == kFloat32 && (*in)[1] == kFloat32 && (*in)[2] == kInt32 && (*in)[3] == kFloat32 &&
+             (!hard_inputs(attrs) || (*in)[4] == kFloat32),
+             "pfc_scale_lse", "needs float32 logits, col_scale, mask (, hard_threshold) and int32 target"))
+    return MX_FAIL;
   (*out)[0] = (*out)[1] = kFloat32; return MX_SUCCESS;
 }
-MXReturnValue lse_shapes(const std::unordered_map<std::string, std::string>&,
+MXReturnValue lse_shapes(const std::unordered_map<std::string, std::string>& attrs,
                          std::vector<std::vector<unsigned int>>* in,
                          std::vector<std::vector<unsigned int>>* out) {
   const auto& l = (*in)[0];
   if (!check(l.size() == 2 && (*in)[1] == std::vector<unsigned int>{l[1]} &&
-             (*in)[2] == std::vector<unsigned int>{l[0]} && (*in)[3] == std::vector<unsigned int>{l[0]},
-             "pfc_scale_lse", "needs logits (N, S), col_scale (S,), target (N,), mask (N,)")) return MX_FAIL;
+             (*in)[2] == std::vector<unsigned int>{l[0]} && (*in)[3] == std::vector<unsigned int>{l[0]} &&
+             (!hard_inputs(attrs) || (*in)[4] == std::vector<unsigned int>{l[0]}),
+             "pfc_scale_lse", "needs logits (N, S), col_scale (S,), target (N,), mask (N,) "
+             "(, hard_threshold (N,))")) return MX_FAIL;
   (*out)[0] = (*out)[1] = {l[0]}; return MX_SUCCESS;
 }
 MXReturnValue mutate_first(const std::unordered_map<std::string, std::string>&, std::vector<int>* idx) {
   idx->push_back(0); return MX_SUCCESS;
 }
 
-MXReturnValue grad_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
-  *n_in = 6; *n_out = 1; return MX_SUCCESS;
+MXReturnValue grad_attrs(const std::unordered_map<std::string, std::string>& attrs, int* n_in, int* n_out) {
+  *n_in = 6 + hard_inputs(attrs); *n_out = 1; return MX_SUCCESS;
 }
-MXReturnValue grad_types(const std::unordered_map<std::string, std::string>&,
+MXReturnValue grad_types(const std::unordered_map<std::string, std::string>& attrs,
                          std::vector<int>* in, std::vector<int>* out) {
-  for (int k = 0; k < 6; ++k)
+  for (int k = 0; k < 6 + hard_inputs(attrs); ++k)
     if (!check((*in)[k] == (k == 3 ? kInt32 : kFloat32), "pfc_softmax_grad",
                "needs float32 inputs and an int32 target")) return MX_FAIL;
   (*out)[0] = kFloat32; return MX_SUCCESS;
 }
-MXReturnValue grad_shapes(const std::unordered_map<std::string, std::string>&,
+MXReturnValue grad_shapes(const std::unordered_map<std::string, std::string>& attrs,
                           std::vector<std::vector<unsigned int>>* in,
                           std::vector<std::vector<unsigned int>>* out) {
   const auto& l = (*in)[0];
   bool ok = l.size() == 2 && (*in)[2] == std::vector<unsigned int>{l[1]};
   for (int k : {1, 3, 4, 5}) ok = ok && (*in)[k] == std::vector<unsigned int>{l[0]};
+  ok = ok && (!hard_inputs(attrs) || (*in)[6] == std::vector<unsigned int>{l[0]});
   if (!check(ok, "pfc_softmax_grad", "needs logits (N, S), lse (N,), inv_norm (S,), "
-             "target (N,), mask (N,), target_grad (N,)")) return MX_FAIL;
+             "target (N,), mask (N,), target_grad (N,) (, hard_threshold (N,))")) return MX_FAIL;
   (*out)[0] = {l[1]}; return MX_SUCCESS;
 }
 
