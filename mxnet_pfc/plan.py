@@ -21,7 +21,11 @@ and in host memory, the sampler's tables: an int32 slot (num_local + 1) and a
 one-byte mark per local class, and the draws copied from the device (none at
 sample rate 1). On a CPU rank host and device are the same memory.
 
-S = max(int(rate x num_local), the global batch's positives <= N). The
+S = max(int(rate x num_local), the global batch's positives <= N). With K
+sub-centers per class (--subcenters, sub-center ArcFace) every class has K rows:
+centers, momentum and the sampled buffers are K times larger, and the logits
+are N x S x K sub-center cosines, the pooled N x S, and two N x S x K arrays of
+the sub-centers' gradient. The
 backbone, its activations and the framework's own memory are not in it: pass
 them as --reserve (measure a run with a small head to find yours).
 """
@@ -71,13 +75,14 @@ class HeadMemory:
 
 
 def head_memory(classes: int, world: int, embedding: int, rate: float, batch: int,
-                dtype: str = "float32", grad_accum: int = 1) -> HeadMemory:
+                dtype: str = "float32", grad_accum: int = 1, subcenters: int = 1) -> HeadMemory:
     """The head's bytes on the rank holding the most classes; batch is per rank (per micro-batch)."""
     num_local = shard_range(classes, 0, world)[1]       # rank 0 holds the most
     n = batch * world
     full = num_sampled_centers(num_local, rate) >= num_local      # as the head's sampler decides
     num_sample = max_sampled_centers(num_local, rate, n)
-    bank = num_local * embedding * DTYPE_BYTES[dtype]
+    K = subcenters
+    bank = num_local * K * embedding * DTYPE_BYTES[dtype]
     if full:
         draws, host = 0, 0                       # every local class: no draws, no tables
     else:
@@ -87,27 +92,28 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
         draws = expected_draws(num_local, num_sample) + n
         host = (num_local + 1) * 4 + num_local + draws * (4 + 8 + 8)
     # the center gradient, and the gathered centers unless every center is used (then read in place)
-    sampled = num_sample * embedding * 4 * (1 if full else 2) + num_sample * 4 * 3 + draws * 4
+    sampled = num_sample * K * embedding * 4 * (1 if full else 2) + num_sample * K * 4 * 3 + draws * 4
     held = 0
     if grad_accum > 1:      # summed gradient and radial term of every row, a used flag; the union's rows taken
-        union = min(num_local, grad_accum * num_sample)
-        held = num_local * (embedding + 2) * 4 + union * (embedding * 2 + 2) * 4
+        union = min(num_local, grad_accum * num_sample) * K
+        held = num_local * K * (embedding + 2) * 4 + union * (embedding * 2 + 2) * 4
+    logits = n * num_sample * 4 + (n * num_sample * K * 4 * 3 if K > 1 else 0)
     return HeadMemory(num_local, num_sample, centers=bank, momentum=bank, sampled=sampled,
-                      logits=n * num_sample * 4, gradients=n * embedding * 4 * 4, held_gradients=held, host=host)
+                      logits=logits, gradients=n * embedding * 4 * 4, held_gradients=held, host=host)
 
 
-def fits(classes, world, embedding, rate, batch, dtype, budget, grad_accum=1) -> bool:
+def fits(classes, world, embedding, rate, batch, dtype, budget, grad_accum=1, subcenters=1) -> bool:
     """Whether the head's device bytes at this rate and per-rank batch fit in `budget`."""
-    return head_memory(classes, world, embedding, rate, batch, dtype, grad_accum).total <= budget
+    return head_memory(classes, world, embedding, rate, batch, dtype, grad_accum, subcenters).total <= budget
 
 
-def largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum=1) -> "float | None":
+def largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum=1, subcenters=1) -> "float | None":
     """The largest sample rate below 1 (to 0.001) whose head fits in `budget` device bytes; None if none does.
 
     Rate 1 is not on the same scale: every center is used and read in place, with
     no gathered copy, so it can fit where 0.9 does not. Ask `fits` at rate 1 for it.
     """
-    fits_at = lambda r: fits(classes, world, embedding, r, batch, dtype, budget, grad_accum)  # noqa: E731
+    fits_at = lambda r: fits(classes, world, embedding, r, batch, dtype, budget, grad_accum, subcenters)  # noqa: E731
     if not fits_at(0.0):
         return None
     low, high = 0, 1000
@@ -117,9 +123,9 @@ def largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum=1) 
     return low / 1000
 
 
-def largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum=1) -> int:
+def largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum=1, subcenters=1) -> int:
     """The largest per-rank batch whose head fits in `budget` device bytes (0 if not even 1)."""
-    fits_at = lambda b: fits(classes, world, embedding, rate, b, dtype, budget, grad_accum)  # noqa: E731
+    fits_at = lambda b: fits(classes, world, embedding, rate, b, dtype, budget, grad_accum, subcenters)  # noqa: E731
     if not fits_at(1):
         return 0
     low, high = 1, 2
@@ -132,21 +138,22 @@ def largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum=1) 
 
 
 def report(what: str, classes: int, world: int, embedding: int, rate: float, batch: int, dtype: str,
-           device_gib: "float | None", reserve_gib: float, grad_accum: int = 1) -> str:
-    memory = head_memory(classes, world, embedding, rate, batch, dtype, grad_accum)
+           device_gib: "float | None", reserve_gib: float, grad_accum: int = 1, subcenters: int = 1) -> str:
+    memory = head_memory(classes, world, embedding, rate, batch, dtype, grad_accum, subcenters)
     micro = f" x {grad_accum} micro-batches" if grad_accum > 1 else ""
+    centers = f" ({subcenters} sub-centers per class)" if subcenters > 1 else ""
     lines = [f"{what}: {classes:,} classes on {world} ranks ({memory.num_local:,} per rank), embedding {embedding}, "
              f"sample rate {rate} ({memory.num_sample:,} sampled per rank), batch {batch}/rank{micro} "
-             f"({batch * world * grad_accum:,} global), {dtype} centers and momentum"]
+             f"({batch * world * grad_accum:,} global), {dtype} centers and momentum{centers}"]
     lines += [f"  {name:<20} {size / GIB:9.3f} GiB" for name, size in memory.rows()]
     if device_gib:
         budget = int((device_gib - reserve_gib) * GIB)
         verdict = "fits" if memory.total <= budget else "does NOT fit"
         lines.append(f"  device {device_gib:g} GiB - reserve {reserve_gib:g} GiB for the rest = "
                      f"{budget / GIB:.2f} GiB for the head: {verdict}")
-        rate_max = largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum)
-        batch_max = largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum)
-        full = fits(classes, world, embedding, 1.0, batch, dtype, budget, grad_accum)
+        rate_max = largest_rate(classes, world, embedding, batch, dtype, budget, grad_accum, subcenters)
+        batch_max = largest_batch(classes, world, embedding, rate, dtype, budget, grad_accum, subcenters)
+        full = fits(classes, world, embedding, 1.0, batch, dtype, budget, grad_accum, subcenters)
         lines.append("  largest sample rate below 1 at this batch: "
                      + ("none (the centers alone do not fit)" if rate_max is None else f"{rate_max:g}"))
         lines.append("  sample rate 1 at this batch: " + (
@@ -168,6 +175,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per step (the trainer's --grad_accum); above 1 the head holds summed "
                         "gradients, about one more copy of the centers (default 1)")
+    p.add_argument("--subcenters", type=int, default=1,
+                   help="centers per class (the trainer's subcenter_k with --loss subcenter-arcface; default 1)")
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32",
                    help="storage of centers and momentum (default float32, as the trainer stores them; "
                         "float16 is a what-if)")
@@ -177,8 +186,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="GiB per device taken by the backbone, activations and framework (default 0)")
     p.add_argument("--published", action="store_true", help="print the published Partial FC settings instead")
     args = p.parse_args(argv)
-    if args.classes < 1 or args.world < 1 or args.embedding < 1 or args.batch < 1 or args.grad_accum < 1:
-        p.error("--classes, --world, --embedding, --batch and --grad-accum must be positive")
+    if (args.classes < 1 or args.world < 1 or args.embedding < 1 or args.batch < 1 or args.grad_accum < 1
+            or args.subcenters < 1):
+        p.error("--classes, --world, --embedding, --batch, --grad-accum and --subcenters must be positive")
     if not 0 < args.sample_rate <= 1:
         p.error("--sample-rate must be in (0, 1]")
     return args
@@ -189,11 +199,11 @@ def main(argv=None) -> int:
     if args.published:
         for what, classes, world, device in PUBLISHED:
             print(report(what, classes, world, args.embedding, args.sample_rate, args.batch, args.dtype,
-                         device, args.reserve, args.grad_accum))
+                         device, args.reserve, args.grad_accum, args.subcenters))
             print()
         return 0
     print(report("plan", int(args.classes), args.world, args.embedding, args.sample_rate, args.batch, args.dtype,
-                 args.device_memory, args.reserve, args.grad_accum))
+                 args.device_memory, args.reserve, args.grad_accum, args.subcenters))
     return 0
 
 

@@ -5,7 +5,9 @@ A test supplies, per scenario, the loss name and parameters the worker builds (m
 "official" object written from the loss's official code, sharing nothing with mxnet_pfc:
 
   official.logits(cos (N, C), labels (N,), norms (N,)) -> (logits, d logits / d cos, d logits / d norm or None)
-      updating its running statistics / draws first, as the official forward does
+      updating its running statistics / draws first, as the official forward does; with K centers per class
+      (sub-center ArcFace) cos is (N, C * K), class-major, logits (N, C) and d logits / d cos (N, C * K): the
+      derivative of each row's class logit in that row's cosine
   official.penalty(norms) -> (values (N,), d values / d norm) or None   (MagFace's regulariser)
   official.state() -> dict                       compared with the head's Margin.state() after every call
 """
@@ -36,13 +38,14 @@ def reference_step(official, x, labels, w):
     wn = np.linalg.norm(w, axis=1, keepdims=True)
     xh, wh = x / xn, w / wn
     logits, dlogits_dcos, dlogits_dnorm = official.logits(xh @ wh.T, labels, xn[:, 0])
+    K = w.shape[0] // logits.shape[1]
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     loss = -np.mean(np.log(p[np.arange(N), labels]))
     onehot = np.zeros_like(p)
     onehot[np.arange(N), labels] = 1.0
     dlogits = (p - onehot) / N
-    dcos = dlogits * dlogits_dcos
+    dcos = np.repeat(dlogits, K, axis=1) * dlogits_dcos
     dxh, dwh = dcos @ wh, dcos.T @ xh
     dx = (dxh - xh * np.sum(dxh * xh, axis=1, keepdims=True)) / xn
     dnorm = np.zeros(N) if dlogits_dnorm is None else np.sum(dlogits * dlogits_dnorm, axis=1)
@@ -56,15 +59,16 @@ def reference_step(official, x, labels, w):
     return loss, dx, dw
 
 
-def scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make_batch):
-    """The inputs of one scenario: margin, centers, momentum, and per step and micro-batch a global batch
-    make_batch(rng, w, world) -> (x (B*world, D) float32, labels)."""
+def scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make_batch, subcenters=1):
+    """The inputs of one scenario: margin, centers (K = subcenters rows per class), momentum, and per step and
+    micro-batch a global batch make_batch(rng, w, world) -> (x (B*world, D) float32, labels)."""
     C, rate = SETTINGS[setting]
-    w = rng.normal(size=(C, D)).astype(np.float32)
+    w = rng.normal(size=(C * subcenters, D)).astype(np.float32)
     arrays = {f"{name}/loss": np.array(loss), f"{name}/params": np.array(json.dumps(params)),
+              f"{name}/classes": np.array(C),
               f"{name}/micro_batches": np.array(micro_batches), f"{name}/rate": np.array(rate),
               f"{name}/lrs": np.array(LRS), f"{name}/weight": w,
-              f"{name}/mom": (0.01 * rng.normal(size=(C, D))).astype(np.float32)}
+              f"{name}/mom": (0.01 * rng.normal(size=(C * subcenters, D))).astype(np.float32)}
     for step in range(len(LRS)):
         for micro in range(micro_batches):
             x, y = make_batch(rng, w, world)
@@ -83,12 +87,13 @@ def run_scenarios(tmp, world, ops, arrays) -> "list[dict]":
 def check_scenario(official, inputs, ranks, name):
     """Loss, embeddings' gradient, centers and momentum, and the margin's state after every micro-batch of
     every step, against `official` on the global batch; identical on every rank."""
-    C, micro_batches = inputs[f"{name}/weight"].shape[0], int(inputs[f"{name}/micro_batches"])
+    C, micro_batches = int(inputs[f"{name}/classes"]), int(inputs[f"{name}/micro_batches"])
+    K = inputs[f"{name}/weight"].shape[0] // C
     rate = float(inputs[f"{name}/rate"])
     starts = [int(r[f"{name}/class_start"]) for r in ranks]
     weight, mom = inputs[f"{name}/weight"], inputs[f"{name}/mom"]
     for step, lr in enumerate(LRS):
-        center_grad, used_by_step = np.zeros((C, D)), []
+        center_grad, used_by_step = np.zeros((C * K, D)), []
         for micro in range(micro_batches):
             x, y = inputs[f"{name}/x{step}.{micro}"], inputs[f"{name}/y{step}.{micro}"]
             key = f"{name}/{step}.{micro}"
@@ -96,9 +101,10 @@ def check_scenario(official, inputs, ranks, name):
             assert np.isin(y, used).all()
             if rate == 1.0:
                 assert len(used) == C
-            used_by_step.append(used)
-            loss, dx, dw = reference_step(official, x, np.searchsorted(used, y), weight[used])
-            center_grad[used] += dw / micro_batches
+            rows = (used[:, None] * K + np.arange(K)).reshape(-1)
+            used_by_step.append(rows)
+            loss, dx, dw = reference_step(official, x, np.searchsorted(used, y), weight[rows])
+            center_grad[rows] += dw / micro_batches
             losses = [float(res[key + "/loss"]) for res in ranks]
             assert len(set(losses)) == 1, f"ranks disagree on the loss: {losses}"
             assert abs(losses[0] - loss) <= RTOL * abs(loss), (step, micro, losses[0], loss)
@@ -117,7 +123,7 @@ def check_scenario(official, inputs, ranks, name):
         got_mom = np.concatenate([res[key + "/mom"] for res in ranks])
         reference.assert_close(got_mom[used], new_mom, "momentum of sampled centers", RTOL)
         reference.assert_close(got_w[used], new_w, "sampled centers", RTOL)
-        untouched = np.setdiff1d(np.arange(C), used)
+        untouched = np.setdiff1d(np.arange(C * K), used)
         assert np.array_equal(got_w[untouched], weight[untouched]), "unsampled centers changed"
         weight, mom = got_w, got_mom
     assert np.diff(starts + [C]).min() >= 0

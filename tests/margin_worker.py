@@ -28,9 +28,10 @@ def main(input_path, out_dir):
         w_all, mom_all = data[f"{name}/weight"], data[f"{name}/mom"]
         lrs, steps = data[f"{name}/lrs"], len(data[f"{name}/lrs"])
         pfc = PartialFC(margin, embedding_size=w_all.shape[1],
-                        num_classes=w_all.shape[0], sample_rate=float(data[f"{name}/rate"]),
+                        num_classes=int(data[f"{name}/classes"]), sample_rate=float(data[f"{name}/rate"]),
                         lr=float(lrs[0]), seed=7)
-        part = slice(pfc.bank.class_start, pfc.bank.class_start + pfc.bank.num_local)
+        K = pfc.bank.subcenters         # the bank's rows: K per class, class-major
+        part = slice(pfc.bank.class_start * K, (pfc.bank.class_start + pfc.bank.num_local) * K)
         pfc.bank.weight[:] = w_all[part]
         pfc.bank.weight_mom[:] = mom_all[part]
         results[f"{name}/class_start"] = pfc.bank.class_start

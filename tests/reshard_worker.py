@@ -8,7 +8,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.head.margin import CombinedMarginLoss
+from mxnet_pfc.head.margin import CombinedMarginLoss, SubCenterArcFace
 from mxnet_pfc.head.partial_fc import PartialFC
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.training import checkpoint
@@ -17,8 +17,9 @@ from mxnet_pfc.training import checkpoint
 def main(folder: str, out: str) -> None:
     comm.init()
     state = checkpoint.read_state(folder)
-    head = PartialFC(CombinedMarginLoss(32, 1, 0, 0.2), state["embedding_size"], state["num_classes"],
-                     ctx=mx.cpu(), seed=1)
+    subcenters = state.get("subcenters", 1)
+    margin = SubCenterArcFace(subcenters=subcenters) if subcenters > 1 else CombinedMarginLoss(32, 1, 0, 0.2)
+    head = PartialFC(margin, state["embedding_size"], state["num_classes"], ctx=mx.cpu(), seed=1)
     head.bank.load(folder, state["shards"])
     np.save(os.path.join(out, f"centers-{comm.rank()}.npy"), head.bank.weight.asnumpy())
     np.save(os.path.join(out, f"momentum-{comm.rank()}.npy"), head.bank.weight_mom.asnumpy())

@@ -1,7 +1,9 @@
 """The benchmark scripts run and print their figures (small sizes; the figures themselves are not tested)."""
 import json
+import re
 
 from launch import run_ranks
+from mxnet_pfc.head.margin import LOSSES
 
 
 def test_bench_train_prints_the_step_beside_its_parts(tmp_path):
@@ -22,3 +24,21 @@ def test_bench_head_prints_the_ratio_to_its_matmuls(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     result = json.loads(out.read_text())
     assert result["num_classes"] == 5000 and result["ratio"] > 0
+
+
+def test_bench_head_times_every_loss_beside_arcface(tmp_path):
+    """The loss axis (--versus): every loss of margin.LOSSES, a table row and a JSON record each."""
+    out = tmp_path / "losses.jsonl"
+    proc = run_ranks(2, ["benchmarks/bench_head.py", "--num-classes", 2000, "--steps", 2, "--warmup", 1,
+                         "--versus", "arcface", "--margin", *LOSSES, "--json", out], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    table = proc.stdout[proc.stdout.index("arcface ms"):]
+    for name in LOSSES:     # the row: the name, both medians and the ratio
+        assert re.search(rf"(^|:){re.escape(name)} +[\d.]+ +[\d.]+ +[\d.]+ ", table, re.MULTILINE), table
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["loss"] for r in results] == list(LOSSES)
+    assert all(r["versus"] == "arcface" and r["ratio"] > 0 and r["versus_ms"] > 0 for r in results)
+    curricular = results[list(LOSSES).index("curricularface")]
+    # its collective is timed in its head, and absent from ArcFace's
+    assert curricular["loss_parts_ms"]["hard_negatives"] > 0
+    assert curricular["versus_parts_ms"]["hard_negatives"] == 0

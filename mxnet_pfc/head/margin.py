@@ -63,13 +63,18 @@ class Margin:
     hard_negatives(cos_t) -> (threshold (N,), t): called before the log-sum-exp with every row's target
     cosine (one more collective), it updates the margin's statistic and says which non-target cells are hard
     (cos above the row's threshold) and the t of their value cos * (t + cos).
+
+    A loss with several centers per class (sub-center ArcFace) has `subcenters` = K > 1: the head keeps K rows
+    per class and gives the margin each class's largest cosine over them.
     """
 
     KIND = 0.0
     PARAM_NAMES: "tuple[str, ...]" = ()
     CONFIG_PREFIX = ""
+    CONFIG_FIELDS: "dict[str, str]" = {}    # a parameter's field where it is not PREFIX_NAME
     USES_NORM = False
     HARD_NEGATIVES = False
+    subcenters = 1
     s: float
 
     def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
@@ -99,8 +104,9 @@ class CombinedMarginLoss(Margin):
     PARAM_NAMES = ("s", "m1", "m2", "m3")
     CONFIG_PREFIX = "margin"
 
-    def __init__(self, s: float = 64.0, m1: float = 1.0, m2: float = 0.5, m3: float = 0.0):
-        """ArcFace's margins unless others are given."""
+    def __init__(self, s: float = 64.0, m1: float = 1.0, m2: float = 0.5, m3: float = 0.0, fallback: bool = True):
+        """ArcFace's margins unless others are given. fallback=False drops the branch past pi (sub-center
+        ArcFace's official code has none): f = s * (cos(m1 * theta + m2) - m3) at every angle."""
         _require_numbers("margin", s=s, m1=m1, m2=m2, m3=m3)
         if s <= 0:
             raise MarginParameterError("s", f"margin scale s must be positive, got {s}")
@@ -108,7 +114,8 @@ class CombinedMarginLoss(Margin):
             raise MarginParameterError("m1", f"margin m1 must be positive, got {m1}")
         self.s, self.m1, self.m2, self.m3 = float(s), float(m1), float(m2), float(m3)
         # Fallback branch for angles where m1 * theta + m2 > pi.
-        self.theta_limit = (math.pi - self.m2) / self.m1
+        self.fallback = bool(fallback)
+        self.theta_limit = (math.pi - self.m2) / self.m1 if self.fallback else math.inf
         self.fallback_shift = self.m2 * math.sin(self.m2)
 
     @classmethod
@@ -485,6 +492,31 @@ class CurricularFaceMargin(Margin):
         return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
 
 
+class SubCenterArcFace(CombinedMarginLoss):
+    """Sub-center ArcFace (Deng et al. 2020), following insightface's recognition/subcenter_arcface (commit
+    7fadd42; train_parall.py lines 120-178, sample_config.py line 31): K centers per class (K = 3), rows
+    class-major (row c * K + k), a class's cosine the largest over its K sub-centers (taken BEFORE the margin,
+    for every class), then ArcFace's margin (s = 64, m = 0.5) on the target's with no fallback past pi - m
+    (train_parall.py:149-171 has none). The gradient of a class's cosine goes to the sub-center that gave it.
+    The head keeps a class's K rows on the rank that owns the class (memory_bank.py).
+    """
+
+    KIND = 5.0
+    PARAM_NAMES = ("s", "m1", "m2", "m3", "subcenters")
+    CONFIG_PREFIX = "margin"
+    CONFIG_FIELDS = {"subcenters": "subcenter_k"}
+
+    def __init__(self, s: float = 64.0, m1: float = 1.0, m2: float = 0.5, m3: float = 0.0, subcenters: int = 3):
+        if isinstance(subcenters, bool) or not isinstance(subcenters, (int, np.integer)) or not 1 <= subcenters <= 64:
+            raise MarginParameterError("subcenters", f"sub-center ArcFace's subcenters (K) must be an integer in "
+                                                     f"[1, 64], got {subcenters!r}")
+        super().__init__(s, m1, m2, m3, fallback=False)
+        self.subcenters = int(subcenters)
+
+    def __repr__(self) -> str:
+        return f"SubCenterArcFace(K={self.subcenters}, s={self.s}, m1={self.m1}, m2={self.m2}, m3={self.m3})"
+
+
 # The losses by name, the one table of them (the trainer's --loss presets are built from it):
 # name: (margin class, the parameters that differ from the class's defaults, which are the published ones).
 LOSSES = {
@@ -502,6 +534,7 @@ LOSSES = {
     "elasticface-cos+": (ElasticFaceMargin, dict(m=0.35, std=0.02, angular=False, plus=True)),
     "magface": (MagFaceMargin, {}),
     "curricularface": (CurricularFaceMargin, {}),
+    "subcenter-arcface": (SubCenterArcFace, {}),
 }
 
 
@@ -519,7 +552,7 @@ def config_params(kind: type) -> "tuple[str, ...]":
 
 def config_field(kind: type, param: str) -> str:
     """The trainer's configuration field of parameter `param` of margin class `kind`."""
-    return "margin_s" if param == "s" else f"{kind.CONFIG_PREFIX}_{param}"
+    return "margin_s" if param == "s" else kind.CONFIG_FIELDS.get(param, f"{kind.CONFIG_PREFIX}_{param}")
 
 
 def make_margin(name: str, **params) -> Margin:

@@ -1,9 +1,11 @@
 """One rank's memory bank: its share of the class centers, their momentum, and their SGD.
 
-Rank r owns the contiguous rows [class_start, class_start + num_local) of the
-class table (`sampler.shard_range`). The bank keeps them as `weight` (the centers) and
-`weight_mom` (their momentum), updates only the rows a step used, and writes
-and reads them for checkpoints. A checkpoint saved on W ranks loads onto any
+Rank r owns the contiguous classes [class_start, class_start + num_local) of the
+class table (`sampler.shard_range`). The bank keeps their centers as `weight` and
+their momentum as `weight_mom`, updates only the rows a step used, and writes
+and reads them for checkpoints. With K sub-centers per class (sub-center
+ArcFace) a class has K rows, class-major: local class c holds rows c*K .. c*K + K - 1,
+all on the rank that owns the class (insightface's layout). A checkpoint saved on W ranks loads onto any
 other number of ranks: each rank reads its new range from whichever saved
 shards hold it (docs/DESIGN.md, section 5).
 """
@@ -52,12 +54,14 @@ class MemoryBank:
     """
 
     def __init__(self, num_classes: int, embedding_size: int, rank: int, world_size: int, ctx: mx.Context,
-                 ops: HeadOps, lr: float = 0.1, momentum: float = 0.9, wd: float = 5e-4, init_std: float = 0.01):
+                 ops: HeadOps, lr: float = 0.1, momentum: float = 0.9, wd: float = 5e-4, init_std: float = 0.01,
+                 subcenters: int = 1):
         self.num_classes, self.embedding_size = int(num_classes), int(embedding_size)
+        self.subcenters = int(subcenters)       # K rows per class
         self.rank, self.world_size, self.ctx, self.ops = rank, world_size, ctx, ops
         self.class_start, self.num_local = shard_range(self.num_classes, rank, world_size)
         self.lr, self.momentum, self.wd = float(lr), float(momentum), float(wd)
-        self.weight = nd.random.normal(0.0, init_std, shape=(self.num_local, self.embedding_size),
+        self.weight = nd.random.normal(0.0, init_std, shape=(self.num_local * self.subcenters, self.embedding_size),
                                        ctx=ctx, dtype="float32")
         self.weight_mom = nd.zeros_like(self.weight)
         self._held = None       # buffers (gradient, radial, used) for hold(), allocated on first use
@@ -65,15 +69,22 @@ class MemoryBank:
 
     def __repr__(self) -> str:
         return (f"MemoryBank(rank {self.rank}/{self.world_size}: classes [{self.class_start}, "
-                f"{self.class_start + self.num_local}) of {self.num_classes}, D={self.embedding_size})")
+                f"{self.class_start + self.num_local}) of {self.num_classes}, D={self.embedding_size}"
+                + (f", {self.subcenters} sub-centers each" if self.subcenters > 1 else "") + ")")
 
     @property
     def nbytes(self) -> int:
         """Bytes of centers and momentum together (what a checkpoint writes for this rank)."""
         return 2 * self.weight.size * 4
 
+    def rows_of(self, classes: np.ndarray) -> np.ndarray:
+        """The rows (int32, sorted if `classes` is) of local classes `classes`: c*K .. c*K + K - 1 for each."""
+        K = self.subcenters
+        classes = np.asarray(classes, dtype=np.int64)
+        return (classes[:, None] * K + np.arange(K)).reshape(-1).astype(np.int32)
+
     def logits(self, xh: nd.NDArray, index: nd.NDArray, out: nd.NDArray) -> "tuple[nd.NDArray, nd.NDArray]":
-        """(xh . w^T into out (N, S), 1 / |w| (S,)) for the centers w of `index` (sorted local ids)."""
+        """(xh . w^T into out (N, S), 1 / |w| (S,)) for the rows w of `index` (sorted, unique)."""
         return self.ops.logits(xh, self.weight, index, out)
 
     def backward(self, index: nd.NDArray, grad: nd.NDArray, xh: nd.NDArray, radial: nd.NDArray,
@@ -108,8 +119,8 @@ class MemoryBank:
         live in a buffer the size of the centers, allocated on first use (docs/DESIGN.md section 2.11).
         """
         if self._held is None:
-            self._held = (nd.zeros_like(self.weight), nd.zeros((self.num_local,), ctx=self.ctx),
-                          nd.zeros((self.num_local,), ctx=self.ctx))
+            rows = self.weight.shape[0]
+            self._held = (nd.zeros_like(self.weight), nd.zeros((rows,), ctx=self.ctx), nd.zeros((rows,), ctx=self.ctx))
         held_grad, held_radial, used = self._held
         for total, part in ((held_grad, grad), (held_radial, radial)):
             set_rows(total, index, nd.take(total, index) + part)
@@ -138,9 +149,12 @@ class MemoryBank:
         """Fill centers and momentum with this rank's classes from the shards saved in `folder`.
 
         shards[r] = (class_start, num_local) of saved rank r, on any number of
-        ranks: only the rows this rank owns are read (memory-mapped).
+        ranks: only the rows this rank owns are read (memory-mapped). The saved bank
+        must have this bank's number of sub-centers (the caller checks state.json's).
         """
-        pieces = shard_overlaps(shards, self.class_start, self.num_local)
+        K = self.subcenters
+        pieces = [(old_rank, old_row * K, new_row * K, rows * K)
+                  for old_rank, old_row, new_row, rows in shard_overlaps(shards, self.class_start, self.num_local)]
         for kind, target in (("centers", self.weight), ("momentum", self.weight_mom)):
             for old_rank, old_row, new_row, rows in pieces:
                 file = shard_files(folder, old_rank)[kind]
@@ -148,7 +162,7 @@ class MemoryBank:
                     saved = np.load(file, mmap_mode="r")
                 except (OSError, ValueError) as error:
                     raise CheckpointError(f"{file}: {error}") from None
-                expected = (shards[old_rank][1], self.embedding_size)
+                expected = (shards[old_rank][1] * K, self.embedding_size)
                 if saved.shape != expected or saved.dtype != np.float32:
                     raise CheckpointError(f"{file}: {saved.dtype} array of shape {saved.shape}; state.json's shards "
                                           f"give saved rank {old_rank} float32 rows of shape {expected}")

@@ -77,7 +77,7 @@ class NonFiniteLossError(PfcError, FloatingPointError):
 
 def global_softmax(parts: np.ndarray, norms: np.ndarray, margin: Margin,
                    mean_over: int) -> "tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None]":
-    """(lse, loss, target_coef, df_t, radial), each (N,) but loss, from every rank's (lse_others, target_scos)
+    """(lse, loss, target_coef, df_t, norm_grad), each (N,) but loss, from every rank's (lse_others, target_scos)
     rows, in float64, for every row of the global batch (the same on every rank).
 
     parts (W, 2, N): rank r's log-sum-exp over its non-target columns and its scaled target
@@ -90,7 +90,7 @@ def global_softmax(parts: np.ndarray, norms: np.ndarray, margin: Margin,
     derivative df_t (docs/DESIGN.md section 2.4).
 
     A margin whose loss depends on the norms (Margin.USES_NORM: MagFace) adds its mean penalty to
-    the loss, and radial is d loss / d |x| of every row (its target logit's and its penalty's
+    the loss, and norm_grad is d loss / d |x| of every row (its target logit's and its penalty's
     dependence on the norm); None for the others.
     """
     parts = np.asarray(parts, dtype=np.float64)
@@ -102,12 +102,12 @@ def global_softmax(parts: np.ndarray, norms: np.ndarray, margin: Margin,
         lse = np.logaddexp(top + np.log(np.exp(others - top).sum(axis=0)), f_t)
         loss = float(np.mean(lse - f_t))
         target_coef = (np.exp(f_t - lse) - 1.0) / mean_over
-        radial = None
+        norm_grad = None
         if margin.USES_NORM:
             penalty, dpenalty, df_t_dnorm = margin.norm_terms(cos_t, norms)
             loss += float(np.mean(penalty))
-            radial = target_coef * df_t_dnorm + dpenalty / mean_over
-    return lse, loss, target_coef, df_t, radial
+            norm_grad = target_coef * df_t_dnorm + dpenalty / mean_over
+    return lse, loss, target_coef, df_t, norm_grad
 
 
 class PartialFC:
@@ -160,7 +160,8 @@ class PartialFC:
             seeding.seed_generators(seed, self.rank, step=0)
         self.ops = head_ops(self.ctx, fused_kernels)   # fused C++ kernels or MXNet ops
         self.bank = MemoryBank(self.num_classes, self.embedding_size, self.rank, self.world_size, self.ctx,
-                               self.ops, lr=lr, momentum=momentum, wd=wd, init_std=init_std)
+                               self.ops, lr=lr, momentum=momentum, wd=wd, init_std=init_std,
+                               subcenters=margin.subcenters)
         self.num_sample = num_sampled_centers(self.bank.num_local, self.sample_rate)
         self.sampler = CenterSampler(self.bank.num_local, self.num_sample, self._draw_centers)
         self.sampled_index = None     # sorted local ids of the centers used by the last step
@@ -259,7 +260,11 @@ class PartialFC:
         # (the sampled centers are never copied out), then scaled to scos = s * cos(theta).
         inv_x = self.ops.inv_norm(x_all).reshape((-1, 1))
         xh = nd.broadcast_mul(x_all, inv_x)
-        scos, inv_w = bank.logits(xh, index, out=self.workspace.get("logits", (N, S)))
+        if bank.subcenters > 1:
+            rows, scos, inv_w, pooled = self._pooled_logits(xh, index, N, S)
+        else:
+            rows = index
+            scos, inv_w = bank.logits(xh, index, out=self.workspace.get("logits", (N, S)))
         # Scaled in place. Per row: lse_others, the log-sum-exp of this rank's columns other
         # than the target (the target is never subtracted from a sum holding it: that loses
         # the other terms), and target_scos, the target's s * cos, unmargined (0 on rows of
@@ -277,7 +282,7 @@ class PartialFC:
         parts = comm.allgather(nd.stack(lse_others, target_scos).reshape((1, 2, N)), name="pfc.lse").asnumpy()
         mean_over = N * micro_batches       # the samples of the mean loss being trained
         norms = 1.0 / inv_x.asnumpy().astype(np.float64).reshape(-1)   # |x| of every row (x_all: the same everywhere)
-        lse, loss_value, target_coef, df_t, radial = global_softmax(parts, norms, self.margin, mean_over)
+        lse, loss_value, target_coef, df_t, norm_grad = global_softmax(parts, norms, self.margin, mean_over)
         # The loss is the same on every rank, so every rank stops here together,
         # before any center moves (and with the margin's running statistics as they were).
         if not np.isfinite(loss_value):
@@ -292,15 +297,45 @@ class PartialFC:
         # The embeddings' gradient and the centers' SGD, in one pass over the sampled rows
         # (b * inv_w scales the radial term of the normalisation: grad_w_j - coef_j * w_j);
         # with update=False the centers' gradient is held for the micro-batch that updates.
-        grad_xh = comm.allreduce(bank.backward(index, gs, xh, b * inv_w, update), op="sum",
+        if bank.subcenters > 1:     # each class's gradient to the sub-center that gave its cosine
+            gs, center_radial = self._subcenter_grad(gs, pooled, N, S)
+        else:
+            center_radial = b * inv_w
+        grad_xh = comm.allreduce(bank.backward(rows, gs, xh, center_radial, update), op="sum",
                                  name="pfc.grad")                                  # collective 3
         mine = slice(self.rank * B, (self.rank + 1) * B)
         gxh, xh_mine = grad_xh[mine], xh[mine]
         grad_x = nd.broadcast_mul(
             gxh - nd.broadcast_mul(xh_mine, nd.sum(gxh * xh_mine, axis=1, keepdims=True)), inv_x[mine])
-        if radial is not None:      # d loss / d |x| along x / |x|: the radial part (MagFace)
-            grad_x = grad_x + nd.broadcast_mul(xh_mine, nd.array(radial[mine].reshape(-1, 1), ctx=self.ctx))
+        if norm_grad is not None:      # d loss / d |x| along x / |x|: the radial part (MagFace)
+            grad_x = grad_x + nd.broadcast_mul(xh_mine, nd.array(norm_grad[mine].reshape(-1, 1), ctx=self.ctx))
         return loss_value, grad_x.as_in_context(caller_ctx)
+
+    def _pooled_logits(self, xh, index, N: int, S: int):
+        """Sub-center ArcFace's forward: (rows, class cosines (N, S) as logits with 1 / |w| = 1, ones (S,),
+        pooled = (the sub-centers' cosines (N, S * K), which sub-center gave each class cosine (N, S), the rows'
+        1 / |w| (S * K,))).
+
+        The bank's rows of the sampled classes (K each, class-major) give cos * |w|; divided by |w|,
+        the largest of a class's K cosines is its cosine (the margin and the softmax see classes)."""
+        K = self.bank.subcenters
+        rows = nd.array(self.bank.rows_of(index.asnumpy()), ctx=self.ctx, dtype="int32")
+        subcenter_cos, inv_rows = self.bank.logits(xh, rows, out=self.workspace.get("subcenter_logits", (N, S * K)))
+        subcenter_cos = nd.broadcast_mul(subcenter_cos, inv_rows.reshape((1, -1)), out=subcenter_cos)
+        per_class = subcenter_cos.reshape((N, S, K))
+        scos = nd.max(per_class, axis=2, out=self.workspace.get("logits", (N, S)))
+        best = nd.argmax(per_class, axis=2)
+        return rows, scos, nd.ones((S,), ctx=self.ctx), (subcenter_cos, best, inv_rows)
+
+    def _subcenter_grad(self, gs, pooled, N: int, S: int):
+        """(the rows' gradient for cos * |w| (N, S * K), the rows' radial coefficients (S * K,)) from the classes'
+        gradient gs = d loss / d cos (N, S): each class's goes to the sub-center that gave its cosine."""
+        K = self.bank.subcenters
+        subcenter_cos, best, inv_rows = pooled
+        picked = nd.one_hot(best, K) * gs.reshape((N, S, 1))
+        grad_rows = nd.broadcast_mul(picked.reshape((N, S * K)), inv_rows.reshape((1, -1)))
+        b_rows = nd.sum(grad_rows * subcenter_cos, axis=0)
+        return grad_rows, b_rows * inv_rows
 
     def _hard_negatives(self, logits, inv_w, target, mask) -> HardNegatives:
         """The margin's hard negatives (CurricularFace) for this step, from every row's target cosine: each rank

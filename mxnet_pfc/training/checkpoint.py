@@ -176,7 +176,7 @@ def locate(root: str, which: str) -> str:
 class State:
     """The run's part of a checkpoint's state.json, which the trainer gives to `save`: where the run stands
     in its data and schedule, and how it was configured. `save` adds the checkpoint's own fields (format,
-    sequence, step, world_size, num_classes, embedding_size, shards, saved_at) and writes the file once,
+    sequence, step, world_size, num_classes, embedding_size, subcenters, shards, saved_at) and writes the file once,
     last; `read_state` reads and checks it. docs/DESIGN.md section 5.1 lists every field and its readers."""
     steps_per_epoch: int
     global_batch: int
@@ -237,9 +237,14 @@ def read_state(path: str) -> dict:
     return state
 
 
-def check_compatible(state: dict, path: str, num_classes: int, embedding_size: int, network: str) -> None:
+def check_compatible(state: dict, path: str, num_classes: int, embedding_size: int, network: str,
+                     subcenters: int = 1) -> None:
     """The checkpoint's head and backbone must be the configured ones; the message says which differs."""
     problems = []
+    saved_subcenters = state.get("subcenters", 1)       # written since sub-center ArcFace; 1 before
+    if saved_subcenters != subcenters:
+        problems.append(f"its memory bank has {saved_subcenters!r} center(s) per class, this run {subcenters} "
+                        "(--loss subcenter-arcface and subcenter_k)")
     if state["num_classes"] != num_classes:
         problems.append(f"it has {state['num_classes']} classes, the configuration {num_classes} (num_classes)")
     if state["embedding_size"] != embedding_size:
@@ -350,7 +355,7 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
                                       "must be on a filesystem that every rank shares")
             write_json(os.path.join(tmp, STATE_FILE), {
                 **asdict(state), "format": FORMAT_VERSION, "sequence": sequence, "step": step, "world_size": world,
-                "num_classes": bank.num_classes, "embedding_size": bank.embedding_size,
+                "num_classes": bank.num_classes, "embedding_size": bank.embedding_size, "subcenters": bank.subcenters,
                 "shards": [[int(a), int(b)] for a, b in shards], "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")})
             os.replace(tmp, final)
             for old in list_checkpoints(root)[:-keep] if keep > 0 else []:     # never the one just written

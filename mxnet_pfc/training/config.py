@@ -76,6 +76,7 @@ class Config:
     magface_lambda_g: float = margin.preset_params("magface")["lambda_g"]
     curricular_m: float = margin.preset_params("curricularface")["m"]
     curricular_t_alpha: float = margin.preset_params("curricularface")["t_alpha"]
+    subcenter_k: int = margin.preset_params("subcenter-arcface")["subcenters"]
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
     # ---- optimisation (both optimizers)
@@ -182,8 +183,8 @@ FIELD_HELP = {
     "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
     "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
     "loss": "The loss (docs/losses.md); sets margin_s and the fields of its own parameters (margin_m1..m3 for "
-            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*; magface_*; curricular_*), each at its "
-            "published value.",
+            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*; magface_*; curricular_*; subcenter_k "
+            "and margin_m1..m3 for subcenter-arcface), each at its published value.",
     "margin_s": "Scale s of the logits (the norm the cosines are multiplied by), for every loss.",
     "margin_m1": "Multiplicative angular margin m1 (SphereFace; 1 = none) of the combined-margin losses.",
     "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none) of the combined-margin losses.",
@@ -201,6 +202,8 @@ FIELD_HELP = {
     "curricular_m": "CurricularFace's additive angular margin m (--loss curricularface).",
     "curricular_t_alpha": "CurricularFace's momentum of t, the running mean target cosine (0.01 in the official "
                           "code, 0.1 in Tencent/TFace's) (--loss curricularface).",
+    "subcenter_k": "Sub-center ArcFace's centers per class K; the memory bank holds K rows per class "
+                   "(--loss subcenter-arcface, which also takes margin_m1..m3).",
     "sample_rate": "Share of each rank's class centers in a step's softmax, in (0, 1]; positives always included.",
     "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
                                       "a negative class whose cosine with a sample exceeds this counts as cosine 0 "

@@ -37,7 +37,8 @@ def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int
     """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes."""
     path = checkpoint.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
     state = checkpoint.read_state(path)
-    checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network)
+    checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network,
+                                config_lib.margin_of(cfg).subcenters)
     arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
     arg_shapes, _, aux_shapes = symbol.infer_shape(data=(cfg.batch_size, 3, cfg.image_size, cfg.image_size))
     checkpoint.check_params(arg_params, {n: s for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"},
