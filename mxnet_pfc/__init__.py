@@ -7,7 +7,9 @@ so a command that does arithmetic alone (plan) starts without it.
 """
 import importlib
 
-_PUBLIC = {"CombinedMarginLoss": "mxnet_pfc.head.margin", "AdaFaceMargin": "mxnet_pfc.head.margin",
+_MARGINS = ("CombinedMarginLoss", "AdaFaceMargin", "CurricularFaceMargin", "ElasticFaceMargin", "MagFaceMargin",
+            "SubCenterArcFace", "make_margin")
+_PUBLIC = {**{name: "mxnet_pfc.head.margin" for name in _MARGINS},
            "MemoryBank": "mxnet_pfc.head.memory_bank",
            "shard_range": "mxnet_pfc.head.sampler", "PartialFC": "mxnet_pfc.head.partial_fc",
            "PartialFCInputError": "mxnet_pfc.head.partial_fc"}

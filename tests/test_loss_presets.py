@@ -2,7 +2,7 @@
 and per-sample draws kept in checkpoints, so that a resume continues them exactly.
 
 The head's numbers for each loss are checked against independent float64 computations in
-test_adaface.py / test_margins.py; here the trainer carries them through a run's history.
+test_adaface.py, test_curricularface.py, test_elasticface.py, test_magface.py and test_subcenter.py; here the trainer carries them through a run's history.
 """
 import json
 import shutil

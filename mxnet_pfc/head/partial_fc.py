@@ -132,7 +132,8 @@ class PartialFC:
                  seed: "int | None" = None, fused_kernels: "bool | None" = None,
                  interclass_filtering_threshold: float = 0.0):
         if not isinstance(margin, Margin):
-            raise TypeError(f"margin must be a Margin (CombinedMarginLoss, AdaFaceMargin), got {type(margin).__name__}")
+            raise TypeError(f"margin must be a Margin (margin.make_margin(name) builds one of margin.LOSSES), "
+                            f"got {type(margin).__name__}")
         if int(embedding_size) != embedding_size or embedding_size < 1:
             raise ValueError(f"embedding_size must be a positive integer, got {embedding_size}")
         if int(num_classes) != num_classes or num_classes < 1:

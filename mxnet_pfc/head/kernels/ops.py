@@ -22,7 +22,7 @@ nd = mx.nd
 
 @dataclass(frozen=True)
 class HardNegatives:
-    """CurricularFace's modulation of hard negatives (docs/DESIGN.md 2.11): a non-target cell of row i whose scaled
+    """CurricularFace's modulation of hard negatives (docs/DESIGN.md 2.12): a non-target cell of row i whose scaled
     logit L = s * cos exceeds threshold[i] (scaled units, (N,) float32 on the step's context) enters the softmax
     as L * (t + L / s) = s * cos * (t + cos); its derivative in cos is s * (t + 2 cos)."""
     t: float
@@ -54,7 +54,7 @@ class HeadOps(ABC):
         each (N,): the row's log-sum-exp over its columns other than the target (all columns where mask is 0;
         -1e30 for a row with no column left) and the target's scaled logit, unmargined (0 where mask is 0). The
         margin is the host's (docs/DESIGN.md 2.3-2.4). threshold (scaled units) or None: inter-class filtering of
-        the non-target columns (2.10); hard (HardNegatives) or None: their modulation (2.11); not both."""
+        the non-target columns (2.10); hard (HardNegatives) or None: their modulation (2.12); not both."""
 
     @abstractmethod
     def softmax_grad(self, logits, lse, inv_norm, target, mask, target_grad, s, n, threshold=None, hard=None):
