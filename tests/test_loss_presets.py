@@ -1,8 +1,9 @@
 """The margin losses as users train them: --loss PRESET through config.sh, their running statistics
 and per-sample draws kept in checkpoints, so that a resume continues them exactly.
 
-The head's numbers for each loss are checked against independent float64 computations in
-test_adaface.py, test_curricularface.py, test_elasticface.py, test_magface.py and test_subcenter.py; here the trainer carries them through a run's history.
+The head's numbers for each loss are checked against independent float64 computations in test_adaface.py,
+test_curricularface.py, test_elasticface.py, test_magface.py and test_subcenter.py; here the trainer
+carries them through a run's history.
 """
 import json
 import shutil
