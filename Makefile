@@ -5,7 +5,7 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup test lint run run-head bench bench-train clean-venv
+.PHONY: setup test lint run run-head bench bench-losses bench-train clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -24,8 +24,12 @@ run-head: setup              ## the head alone on synthetic embeddings, $(NP) ra
 	OMP_NUM_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
 		$(PY) benchmarks/bench_head.py $(ARGS)
 
-bench: setup                 ## the head figures of docs/benchmarks.md (100k and 1M classes, rates 1.0 and 0.1)
+bench: setup                 ## the head figures of docs/benchmarks.md (100k and 1M classes, rates 1.0 and 0.1), then bench-losses
 	bash benchmarks/run_head_benchmarks.sh
+	bash benchmarks/run_loss_benchmarks.sh
+
+bench-losses: setup          ## each margin loss's head step beside ArcFace's, same sizes (docs/benchmarks.md)
+	bash benchmarks/run_loss_benchmarks.sh
 
 bench-train: setup           ## the trainer's step beside its parts alone (backbone; head), $(NP) ranks, dummy data
 	OMP_NUM_THREADS=1 MXNET_OMP_MAX_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
