@@ -17,6 +17,7 @@ import time
 import mxnet as mx
 import numpy as np
 
+from head_steps import run_scenario
 from mxnet_pfc import CombinedMarginLoss, PartialFC, PartialFCInputError
 from mxnet_pfc.head.partial_fc import NonFiniteLossError
 from mxnet_pfc.runtime import comm
@@ -28,31 +29,12 @@ def golden(input_path, out_dir):
     results = {}
     for name in data["scenarios"]:
         s, m1, m2, m3 = data[f"{name}/margin"]
-        rate, lrs = float(data[f"{name}/rate"]), data[f"{name}/lrs"]
-        w_all, mom_all = data[f"{name}/weight"], data[f"{name}/mom"]
+        w_all = data[f"{name}/weight"]
         pfc = PartialFC(CombinedMarginLoss(s, m1, m2, m3), embedding_size=w_all.shape[1],
-                        num_classes=w_all.shape[0], sample_rate=rate, lr=float(lrs[0]), seed=7,
+                        num_classes=w_all.shape[0], sample_rate=float(data[f"{name}/rate"]),
+                        lr=float(data[f"{name}/lrs"][0]), seed=7,
                         interclass_filtering_threshold=float(data[f"{name}/filter"]))
-        part = slice(pfc.bank.class_start, pfc.bank.class_start + pfc.bank.num_local)
-        pfc.bank.weight[:] = w_all[part]
-        pfc.bank.weight_mom[:] = mom_all[part]
-        results[f"{name}/class_start"] = pfc.bank.class_start
-        results[f"{name}/ops"] = pfc.ops.name
-        results[f"{name}/num_sample"] = pfc.num_sample
-        micro_batches = int(data[f"{name}/micro_batches"])
-        for step, lr in enumerate(lrs):
-            pfc.lr = float(lr)
-            for micro in range(micro_batches):
-                key = f"{name}/{step}.{micro}"
-                x, y = data[f"{name}/x{step}.{micro}"], data[f"{name}/y{step}.{micro}"]
-                B = x.shape[0] // world
-                loss, grad = pfc.forward_backward(mx.nd.array(x[rank * B:(rank + 1) * B]), y[rank * B:(rank + 1) * B],
-                                                  micro_batches, update=micro == micro_batches - 1)
-                results[key + "/loss"] = loss
-                results[key + "/grad"] = grad.asnumpy()
-                results[key + "/index"] = pfc.sampled_index.asnumpy()
-                results[key + "/weight"] = pfc.bank.weight.asnumpy()
-                results[key + "/mom"] = pfc.bank.weight_mom.asnumpy()
+        results.update(run_scenario(pfc, data, name, rank, world))
     np.savez(f"{out_dir}/rank{rank}.npz", **results)
 
 

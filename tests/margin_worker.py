@@ -13,6 +13,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
+from head_steps import run_scenario
 from mxnet_pfc import AdaFaceMargin, CombinedMarginLoss, PartialFC
 from mxnet_pfc.head.margin import make_margin
 from mxnet_pfc.head.partial_fc import NonFiniteLossError
@@ -25,32 +26,10 @@ def main(input_path, out_dir):
     results = {}
     for name in data["scenarios"]:
         margin = make_margin(str(data[f"{name}/loss"]), **json.loads(str(data[f"{name}/params"])))
-        w_all, mom_all = data[f"{name}/weight"], data[f"{name}/mom"]
-        lrs, steps = data[f"{name}/lrs"], len(data[f"{name}/lrs"])
-        pfc = PartialFC(margin, embedding_size=w_all.shape[1],
+        pfc = PartialFC(margin, embedding_size=data[f"{name}/weight"].shape[1],
                         num_classes=int(data[f"{name}/classes"]), sample_rate=float(data[f"{name}/rate"]),
-                        lr=float(lrs[0]), seed=7)
-        K = pfc.bank.subcenters         # the bank's rows: K per class, class-major
-        part = slice(pfc.bank.class_start * K, (pfc.bank.class_start + pfc.bank.num_local) * K)
-        pfc.bank.weight[:] = w_all[part]
-        pfc.bank.weight_mom[:] = mom_all[part]
-        results[f"{name}/class_start"] = pfc.bank.class_start
-        results[f"{name}/ops"] = pfc.ops.name
-        micro_batches = int(data[f"{name}/micro_batches"])
-        for step in range(steps):
-            pfc.lr = float(lrs[step])
-            for micro in range(micro_batches):
-                key = f"{name}/{step}.{micro}"
-                x, y = data[f"{name}/x{step}.{micro}"], data[f"{name}/y{step}.{micro}"]
-                B = x.shape[0] // world
-                loss, grad = pfc.forward_backward(mx.nd.array(x[rank * B:(rank + 1) * B]), y[rank * B:(rank + 1) * B],
-                                                  micro_batches, update=micro == micro_batches - 1)
-                results[key + "/loss"] = loss
-                results[key + "/grad"] = grad.asnumpy()
-                results[key + "/index"] = pfc.sampled_index.asnumpy()
-                results[key + "/weight"] = pfc.bank.weight.asnumpy()
-                results[key + "/mom"] = pfc.bank.weight_mom.asnumpy()
-                results[key + "/state"] = json.dumps(pfc.margin.state(), sort_keys=True)
+                        lr=float(data[f"{name}/lrs"][0]), seed=7)
+        results.update(run_scenario(pfc, data, name, rank, world))
     np.savez(f"{out_dir}/rank{rank}.npz", **results)
 
 
