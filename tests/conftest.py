@@ -1,6 +1,7 @@
 """Fixtures shared by test files."""
 import pytest
 
+import margin_golden
 from launch import REFERENCE_RUN, config_sh, run_command, tiny_synthetic_run
 
 
@@ -11,3 +12,11 @@ def reference(tmp_path_factory):
     proc = run_command(config_sh(*tiny_synthetic_run(root / "data", root / "run", *REFERENCE_RUN)), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return root / "data", root / "run"
+
+
+@pytest.fixture(scope="session", params=margin_golden.RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
+def margin_run(request, tmp_path_factory):
+    """Every margin test's scenarios (margin_golden.register) on one (world size, kernel path), in one launch:
+    (inputs, every rank's results). Session-scoped, so pytest groups the margin tests by run."""
+    world, ops = request.param
+    return margin_golden.golden(request.param, tmp_path_factory.mktemp(f"margins{world}{ops}"))

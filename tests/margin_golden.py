@@ -77,6 +77,23 @@ def scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make
     return arrays
 
 
+_MAKERS = {}      # test name: its make_inputs(world) -> arrays (register)
+
+
+def register(test: str, make_inputs) -> None:
+    """A margin test's inputs, run with every other registered test's in one launch per (world, ops)
+    (conftest.margin_run, session-scoped: one horovodrun per run instead of one per loss). Its
+    scenarios are named TEST.NAME in the results. Test modules register when imported, at collection."""
+    _MAKERS[test] = make_inputs
+
+
+def golden(run, tmp) -> "tuple[dict, list[dict]]":
+    """(inputs, every rank's results) of every registered test's scenarios on run = (world, ops)."""
+    world, ops = run
+    inputs = {f"{test}.{key}": value for test, make in _MAKERS.items() for key, value in make(world).items()}
+    return inputs, run_scenarios(tmp, world, ops, inputs)
+
+
 def run_scenarios(tmp, world, ops, arrays) -> "list[dict]":
     """Every rank's results for the scenarios in `arrays` (scenario_arrays merged)."""
     names = sorted({key.split("/")[0] for key in arrays})

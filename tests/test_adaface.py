@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from launch import run_ranks
-from margin_golden import RUNS, SETTINGS, check_scenario, run_scenarios, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
 
 EPS = 1e-3
 # (s, m, h, t_alpha): the published defaults, and a strong setting where the scaler clips at
@@ -79,19 +79,16 @@ def make_inputs(world):
     return arrays
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
-def ada_run(request, tmp_path_factory):
-    world, ops = request.param
-    inputs = make_inputs(world)
-    return inputs, run_scenarios(tmp_path_factory.mktemp(f"adaface{world}{ops}"), world, ops, inputs)
+register("adaface", make_inputs)
+
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_adaface_matches_the_official_formula(ada_run, name):
+def test_adaface_matches_the_official_formula(margin_run, name):
     """Loss, embeddings' gradient, centers and momentum, and the running statistics after each of
     three steps, against OfficialAdaFace on the global batch; identical on every rank."""
-    inputs, ranks = ada_run
-    check_scenario(OfficialAdaFace(*MARGINS[SCENARIOS[name][0]]), inputs, ranks, name)
+    inputs, ranks = margin_run
+    check_scenario(OfficialAdaFace(*MARGINS[SCENARIOS[name][0]]), inputs, ranks, f"adaface.{name}")
 
 
 def test_the_inputs_reach_the_clamps():

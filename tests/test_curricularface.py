@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from margin_golden import RUNS, SETTINGS, check_scenario, run_scenarios, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
 
 # (s, m, t_alpha): the published values, and TFace's momentum with a larger margin (more rows past pi - m)
 MARGINS = {"published": dict(s=64.0, m=0.5, t_alpha=0.01), "tface-wide": dict(s=32.0, m=0.9, t_alpha=0.1)}
@@ -68,19 +68,16 @@ def make_inputs(world):
     return arrays
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
-def curricular_run(request, tmp_path_factory):
-    world, ops = request.param
-    inputs = make_inputs(world)
-    return inputs, run_scenarios(tmp_path_factory.mktemp(f"curricular{world}{ops}"), world, ops, inputs)
+register("curricularface", make_inputs)
+
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_curricularface_matches_the_official_formula(curricular_run, name):
+def test_curricularface_matches_the_official_formula(margin_run, name):
     """Loss, embeddings' gradient, centers and momentum, and t after each of three steps, against
     OfficialCurricularFace on the global batch; identical on every rank."""
-    inputs, ranks = curricular_run
-    check_scenario(OfficialCurricularFace(**MARGINS[SCENARIOS[name][0]]), inputs, ranks, name)
+    inputs, ranks = margin_run
+    check_scenario(OfficialCurricularFace(**MARGINS[SCENARIOS[name][0]]), inputs, ranks, f"curricularface.{name}")
 
 
 def test_the_inputs_have_hard_and_easy_negatives_and_the_fallback():

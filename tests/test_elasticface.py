@@ -10,7 +10,7 @@ a resume draw the same ones (docs/losses.md), and the reference draws them by th
 import numpy as np
 import pytest
 
-from margin_golden import RUNS, SETTINGS, check_scenario, run_scenarios, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
 
 # loss name: its published (s, m, std) (ElasticFace config/config.py)
 LOSSES = {"elasticface-arc": dict(s=64.0, m=0.5, std=0.05), "elasticface-arc+": dict(s=64.0, m=0.5, std=0.0175),
@@ -74,21 +74,18 @@ def make_inputs(world):
     return arrays
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
-def elastic_run(request, tmp_path_factory):
-    world, ops = request.param
-    inputs = make_inputs(world)
-    return inputs, run_scenarios(tmp_path_factory.mktemp(f"elastic{world}{ops}"), world, ops, inputs)
+register("elasticface", make_inputs)
+
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_elasticface_matches_the_official_formula(elastic_run, name):
+def test_elasticface_matches_the_official_formula(margin_run, name):
     """Loss, embeddings' gradient, centers and momentum after each of three steps, and the draw counter,
     against OfficialElasticFace on the global batch; identical on every rank."""
-    inputs, ranks = elastic_run
+    inputs, ranks = margin_run
     loss = SCENARIOS[name][0]
     official = OfficialElasticFace(**LOSSES[loss], angular="-arc" in loss, plus=loss.endswith("+"), seed=SEED)
-    check_scenario(official, inputs, ranks, name)
+    check_scenario(official, inputs, ranks, f"elasticface.{name}")
 
 
 def test_the_draws_are_normal_with_the_configured_spread_and_differ_per_call_and_seed():

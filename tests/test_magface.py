@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from margin_golden import RUNS, SETTINGS, check_scenario, run_scenarios, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
 
 PUBLISHED = dict(s=64.0, l_a=10.0, u_a=110.0, l_m=0.45, u_m=0.8, lambda_g=35.0)
 MARGINS = {"published": dict(PUBLISHED), "fallback": dict(PUBLISHED, easy_margin=False, s=32.0, l_m=1.2, u_m=2.5)}
@@ -83,19 +83,16 @@ def make_inputs(world):
     return arrays
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
-def mag_run(request, tmp_path_factory):
-    world, ops = request.param
-    inputs = make_inputs(world)
-    return inputs, run_scenarios(tmp_path_factory.mktemp(f"magface{world}{ops}"), world, ops, inputs)
+register("magface", make_inputs)
+
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_magface_matches_the_official_formula(mag_run, name):
+def test_magface_matches_the_official_formula(margin_run, name):
     """Loss (cross-entropy + lambda_g * mean g), embeddings' gradient (with its radial part), centers and
     momentum after each of three steps, against OfficialMagFace on the global batch; identical on every rank."""
-    inputs, ranks = mag_run
-    check_scenario(OfficialMagFace(**MARGINS[SCENARIOS[name][0]]), inputs, ranks, name)
+    inputs, ranks = margin_run
+    check_scenario(OfficialMagFace(**MARGINS[SCENARIOS[name][0]]), inputs, ranks, f"magface.{name}")
 
 
 def test_the_radial_gradient_is_there_and_the_clamped_rows_have_none():

@@ -9,7 +9,7 @@ pi - m); the gradient of a class's cosine to the sub-center that gave it.
 import numpy as np
 import pytest
 
-from margin_golden import RUNS, SETTINGS, check_scenario, run_scenarios, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
 
 MARGINS = {"published": dict(s=64.0, m1=1.0, m2=0.5, m3=0.0, subcenters=3),
            "two-combined": dict(s=32.0, m1=1.0, m2=0.3, m3=0.1, subcenters=2)}
@@ -64,19 +64,16 @@ def make_inputs(world):
     return arrays
 
 
-@pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")
-def subcenter_run(request, tmp_path_factory):
-    world, ops = request.param
-    inputs = make_inputs(world)
-    return inputs, run_scenarios(tmp_path_factory.mktemp(f"subcenter{world}{ops}"), world, ops, inputs)
+register("subcenter", make_inputs)
+
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_subcenter_arcface_matches_the_official_formula(subcenter_run, name):
+def test_subcenter_arcface_matches_the_official_formula(margin_run, name):
     """Loss, embeddings' gradient, every sub-center and its momentum after each of three steps (only the
     sampled classes' rows move), against the official symbol's math on the global batch."""
-    inputs, ranks = subcenter_run
-    check_scenario(OfficialSubCenterArcFace(**MARGINS[SCENARIOS[name][0]]), inputs, ranks, name)
+    inputs, ranks = margin_run
+    check_scenario(OfficialSubCenterArcFace(**MARGINS[SCENARIOS[name][0]]), inputs, ranks, f"subcenter.{name}")
 
 
 def test_the_inputs_make_every_sub_center_win_somewhere():
@@ -110,7 +107,7 @@ def test_the_trainer_field_is_subcenter_k():
         config.parse_args(["--loss", "arcface", "--subcenter_k", "2"])
 
 
-def test_a_subcenter_run_checkpoints_k_rows_per_class_reshards_them_and_refuses_another_k(reference, tmp_path):
+def test_a_margin_run_checkpoints_k_rows_per_class_reshards_them_and_refuses_another_k(reference, tmp_path):
     """Through config.sh: the checkpoint holds K rows per class (state.json says K); loaded onto 3 ranks every
     row arrives where its class went; a resume with another K, or under a one-center loss, is refused on every
     rank, naming both counts."""
