@@ -80,11 +80,21 @@ def scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make
 _MAKERS = {}      # test name: its make_inputs(world) -> arrays (register)
 
 
-def register(test: str, make_inputs) -> None:
-    """A margin test's inputs, run with every other registered test's in one launch per (world, ops)
-    (conftest.margin_run, session-scoped: one horovodrun per run instead of one per loss). Its
-    scenarios are named TEST.NAME in the results. Test modules register when imported, at collection."""
+def register(test: str, scenarios: dict, seed: int):
+    """A margin test's scenarios, run with every other registered test's in one launch per (world, ops)
+    (conftest.margin_run, session-scoped: one horovodrun per run instead of one per loss), named TEST.NAME
+    in the results; test modules register when imported, at collection. scenarios: name -> (loss, its
+    parameters, setting of SETTINGS, micro-batches, make_batch(rng, centers, world) -> (x, labels)); the
+    parameters' `subcenters` (default 1) sets the centers' rows per class. Returns make_inputs(world)."""
+    def make_inputs(world: int) -> dict:
+        rng = np.random.default_rng(seed + world)
+        arrays = {}
+        for name, (loss, params, setting, micro_batches, make_batch) in scenarios.items():
+            arrays.update(scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make_batch,
+                                          subcenters=params.get("subcenters", 1)))
+        return arrays
     _MAKERS[test] = make_inputs
+    return make_inputs
 
 
 def golden(run, tmp) -> "tuple[dict, list[dict]]":

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from launch import run_ranks
-from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register
 
 EPS = 1e-3
 # (s, m, h, t_alpha): the published defaults, and a strong setting where the scaler clips at
@@ -69,18 +69,9 @@ def clamp_reaching_batch(rng, w, world):
     return x * (norms / np.linalg.norm(x, axis=1))[:, None], y
 
 
-def make_inputs(world):
-    rng = np.random.default_rng(100 + world)
-    arrays = {}
-    for name, (margin, setting, micro_batches) in SCENARIOS.items():
-        params = dict(zip(("s", "m", "h", "t_alpha"), MARGINS[margin]))
-        arrays.update(scenario_arrays(rng, name, "adaface", params, setting, micro_batches, world,
-                                      clamp_reaching_batch))
-    return arrays
-
-
-register("adaface", make_inputs)
-
+make_inputs = register("adaface", {
+    name: ("adaface", dict(zip(("s", "m", "h", "t_alpha"), MARGINS[margin])), setting, micro, clamp_reaching_batch)
+    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=100)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register
 
 # (s, m, t_alpha): the published values, and TFace's momentum with a larger margin (more rows past pi - m)
 MARGINS = {"published": dict(s=64.0, m=0.5, t_alpha=0.01), "tface-wide": dict(s=32.0, m=0.9, t_alpha=0.1)}
@@ -59,17 +59,9 @@ def varied_batch(rng, w, world):
     return x * rng.uniform(0.5, 20.0, size=(n, 1)), y
 
 
-def make_inputs(world):
-    rng = np.random.default_rng(400 + world)
-    arrays = {}
-    for name, (margin, setting, micro_batches) in SCENARIOS.items():
-        arrays.update(scenario_arrays(rng, name, "curricularface", MARGINS[margin], setting, micro_batches, world,
-                                      varied_batch))
-    return arrays
-
-
-register("curricularface", make_inputs)
-
+make_inputs = register("curricularface", {
+    name: ("curricularface", MARGINS[margin], setting, micro, varied_batch)
+    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=400)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

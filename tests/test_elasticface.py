@@ -10,7 +10,7 @@ a resume draw the same ones (docs/losses.md), and the reference draws them by th
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register
 
 # loss name: its published (s, m, std) (ElasticFace config/config.py)
 LOSSES = {"elasticface-arc": dict(s=64.0, m=0.5, std=0.05), "elasticface-arc+": dict(s=64.0, m=0.5, std=0.0175),
@@ -65,17 +65,9 @@ def plain_batch(rng, w, world):
     return x * rng.uniform(0.5, 30.0, size=(n, 1)), y
 
 
-def make_inputs(world):
-    rng = np.random.default_rng(200 + world)
-    arrays = {}
-    for name, (loss, setting, micro_batches) in SCENARIOS.items():
-        arrays.update(scenario_arrays(rng, name, loss, dict(LOSSES[loss], seed=SEED), setting, micro_batches,
-                                      world, plain_batch))
-    return arrays
-
-
-register("elasticface", make_inputs)
-
+make_inputs = register("elasticface", {
+    name: (loss, dict(LOSSES[loss], seed=SEED), setting, micro, plain_batch)
+    for name, (loss, setting, micro) in SCENARIOS.items()}, seed=200)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register
 
 PUBLISHED = dict(s=64.0, l_a=10.0, u_a=110.0, l_m=0.45, u_m=0.8, lambda_g=35.0)
 MARGINS = {"published": dict(PUBLISHED), "fallback": dict(PUBLISHED, easy_margin=False, s=32.0, l_m=1.2, u_m=2.5)}
@@ -74,17 +74,9 @@ def norm_spanning_batch(rng, w, world):
     return x * (norms / np.linalg.norm(x, axis=1))[:, None], y
 
 
-def make_inputs(world):
-    rng = np.random.default_rng(300 + world)
-    arrays = {}
-    for name, (margin, setting, micro_batches) in SCENARIOS.items():
-        arrays.update(scenario_arrays(rng, name, "magface", MARGINS[margin], setting, micro_batches, world,
-                                      norm_spanning_batch))
-    return arrays
-
-
-register("magface", make_inputs)
-
+make_inputs = register("magface", {
+    name: ("magface", MARGINS[margin], setting, micro, norm_spanning_batch)
+    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=300)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

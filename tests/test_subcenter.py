@@ -9,7 +9,7 @@ pi - m); the gradient of a class's cosine to the sub-center that gave it.
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register, scenario_arrays
+from margin_golden import SETTINGS, check_scenario, register
 
 MARGINS = {"published": dict(s=64.0, m1=1.0, m2=0.5, m3=0.0, subcenters=3),
            "two-combined": dict(s=32.0, m1=1.0, m2=0.3, m3=0.1, subcenters=2)}
@@ -53,19 +53,10 @@ def near_a_subcenter(rng, w, world, K):
     return x * rng.uniform(0.5, 20.0, size=(n, 1)), y
 
 
-def make_inputs(world):
-    rng = np.random.default_rng(500 + world)
-    arrays = {}
-    for name, (margin, setting, micro_batches) in SCENARIOS.items():
-        K = MARGINS[margin]["subcenters"]
-        arrays.update(scenario_arrays(rng, name, "subcenter-arcface", MARGINS[margin], setting, micro_batches,
-                                      world, lambda rng, w, world, K=K: near_a_subcenter(rng, w, world, K),
-                                      subcenters=K))
-    return arrays
-
-
-register("subcenter", make_inputs)
-
+make_inputs = register("subcenter", {
+    name: ("subcenter-arcface", MARGINS[margin], setting, micro,
+           lambda rng, w, world, K=MARGINS[margin]["subcenters"]: near_a_subcenter(rng, w, world, K))
+    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=500)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
