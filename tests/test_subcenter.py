@@ -134,3 +134,28 @@ def test_a_margin_run_checkpoints_k_rows_per_class_reshards_them_and_refuses_ano
             log = (output / "logs" / f"rank{rank}.log").read_text()
             wanted = 2 if other[0] == "--subcenter_k" else 1
             assert f"its memory bank has 3 center(s) per class, this run {wanted}" in log, (other, rank)
+
+
+def test_the_reference_gradient_by_finite_differences():
+    """The reference's embedding and sub-center gradients (the max's gradient to the winning row) against
+    central differences of its float64 loss, away from ties between sub-centers."""
+    from margin_golden import reference_step
+
+    inputs = make_inputs(1)
+    name = "two-combined-full"
+    x, y, w = inputs[f"{name}/x0.0"].astype(float), inputs[f"{name}/y0.0"], inputs[f"{name}/weight"].astype(float)
+    official = OfficialSubCenterArcFace(**MARGINS["two-combined"])
+    _, dx, dw = reference_step(official, x, y, w)
+    h = 1e-6
+    for i, d in [(0, 0), (1, 5), (2, 17), (3, 31)]:
+        up, down = x.copy(), x.copy()
+        up[i, d] += h
+        down[i, d] -= h
+        numeric = (reference_step(official, up, y, w)[0] - reference_step(official, down, y, w)[0]) / (2 * h)
+        assert abs(numeric - dx[i, d]) <= 1e-6 + 1e-5 * abs(numeric), (i, d)
+    for r, d in [(2 * y[1] + 1, 3), (2 * y[0], 7), (11, 0)]:
+        up, down = w.copy(), w.copy()
+        up[r, d] += h
+        down[r, d] -= h
+        numeric = (reference_step(official, x, y, up)[0] - reference_step(official, x, y, down)[0]) / (2 * h)
+        assert abs(numeric - dw[r, d]) <= 1e-6 + 1e-5 * abs(numeric), (r, d)
