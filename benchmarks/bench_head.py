@@ -24,9 +24,11 @@ one after the other in the same processes, each in a fresh head, against the
 same LOSS head; a loss whose head would not fit beside it (the planner's bytes,
 mxnet_pfc.plan, for every rank on this host, against the memory the kernel can
 still give, with slack) is skipped and said so. Reported per loss: both heads'
-median step, the ratio loss / LOSS, and the medians of the step's parts, timed
-inside both heads in every step (wrappers on the head's objects; its code is
-unchanged):
+median step, the ratio loss / LOSS of the medians and the median of each
+step's own ratio (the two heads ran back to back, so a load that changes
+slowly, such as others' jobs on the machine, cancels out of it), and the
+medians of the step's parts, timed inside both heads in every step (wrappers
+on the head's objects; its code is unchanged):
 
   logits          MemoryBank.logits: cos * |w| against the sampled rows
   subcenters      sub-center ArcFace's pooling of the K rows' cosines and the
@@ -41,8 +43,9 @@ unchanged):
                   own work)
   centers         MemoryBank.backward: the embeddings' gradient and the SGD of
                   the sampled rows
-  rest            the step less the parts: collectives 1 and 3, the input
-                  exchange, sampling, the embeddings' final gradient
+  rest            the step less the parts: the three collectives of every
+                  loss, the input exchange, sampling, the embeddings' final
+                  gradient
 
 Every timer but softmax's (host work only) waits for MXNet's engine
 (mx.nd.waitall) before and after its call, at points where the step waits for
@@ -251,8 +254,9 @@ def memory_short(args, loss: str, world: int) -> "str | None":
 
 
 def time_loss(args, timers, base, loss, rank) -> "list[list[float]]":
-    """Every rank's medians (base's step, the loss head's step, base's parts, the loss head's parts (REPORTED),
-    peak RSS MB) over args.steps steps of a fresh head with `loss` and `base`, taking turns on the same batches."""
+    """Every rank's medians over args.steps steps of a fresh head with `loss` and `base`, taking turns on the
+    same batches: base's step, the loss head's step, base's parts, the loss head's parts (REPORTED), the
+    per-step ratio loss / base; then peak RSS MB."""
     B, D = args.batch_size, args.embedding_size
     pfc = timers.instrument(make_head(args, loss))
     rng = np.random.default_rng(100 + rank)      # every loss sees the same batches
@@ -270,8 +274,9 @@ def time_loss(args, timers, base, loss, rank) -> "list[list[float]]":
                 parts[key].append([step_parts[p] for p in PARTS] + [elapsed - sum(step_parts.values())])
         if step == args.warmup - 1:
             peak_mb = peak_rss_mb()      # the process's high-water mark: both heads, warmed up
+    paired = float(np.median(np.divide(times["loss"], times["versus"])))     # per step: the two ran back to back
     return comm.gather_rows([float(np.median(times["versus"])), float(np.median(times["loss"])),
-                             *np.median(parts["versus"], axis=0), *np.median(parts["loss"], axis=0), peak_mb])
+                             *np.median(parts["versus"], axis=0), *np.median(parts["loss"], axis=0), paired, peak_mb])
 
 
 def versus_loss(args, rank, world):
@@ -294,7 +299,7 @@ def versus_loss(args, rank, world):
         if short is None:
             r = versus_result(args, world, base.ops.name, loss, table)
             print(f"[bench_head] {loss}: {r['loss_ms']} ms against {args.versus}'s {r['versus_ms']} ms, "
-                  f"ratio {r['ratio']}", flush=True)
+                  f"ratio {r['ratio']} (per step {r['ratio_paired']})", flush=True)
         else:
             r = {**setting(args, world, base.ops.name), "loss": loss, "versus": args.versus, "skipped": short}
             print(f"[bench_head] {loss}: skipped, {short}", flush=True)
@@ -303,14 +308,15 @@ def versus_loss(args, rank, world):
             append_json(args.json, r)
     if rank != 0:
         return
-    print(f"{'loss':18s} {args.versus + ' ms':>14s} {'loss ms':>9s} {'ratio':>6s}   loss - {args.versus}, ms: "
-          + "".join(f"{part:>15s}" for part in REPORTED))
+    print(f"{'loss':18s} {args.versus + ' ms':>14s} {'loss ms':>9s} {'ratio':>6s} {'per step':>8s}   "
+          f"loss - {args.versus}, ms: " + "".join(f"{part:>15s}" for part in REPORTED))
     for r in rows:
         if "skipped" in r:
             print(f"{r['loss']:18s} skipped: {r['skipped']}")
             continue
         deltas = "".join(f"{r['loss_parts_ms'][p] - r['versus_parts_ms'][p]:+15.1f}" for p in REPORTED)
-        print(f"{r['loss']:18s} {r['versus_ms']:14.1f} {r['loss_ms']:9.1f} {r['ratio']:6.3f}{' ' * 24}{deltas}")
+        print(f"{r['loss']:18s} {r['versus_ms']:14.1f} {r['loss_ms']:9.1f} {r['ratio']:6.3f} "
+              f"{r['ratio_paired']:8.3f}{' ' * 24}{deltas}")
     peak = max((max(r["peak_rss_mb"]) for r in rows if "skipped" not in r), default=0)
     print(f"[bench_head] medians of {args.steps} steps, the slower rank's; peak RSS per rank {peak} MB "
           "(both heads)", flush=True)
@@ -332,6 +338,7 @@ def versus_result(args, world, kernels, loss, table) -> dict:
         **setting(args, world, kernels), "loss": loss, "versus": args.versus,
         "versus_ms": round(versus_s * 1e3, 1), "loss_ms": round(loss_s * 1e3, 1),
         "ratio": round(loss_s / versus_s, 3),
+        "ratio_paired": round(slowest[2 + 2 * k], 3),
         "versus_parts_ms": {p: round(v * 1e3, 2) for p, v in zip(REPORTED, slowest[2:2 + k])},
         "loss_parts_ms": {p: round(v * 1e3, 2) for p, v in zip(REPORTED, slowest[2 + k:2 + 2 * k])},
         "peak_rss_mb": [round(row[-1]) for row in table],
