@@ -23,9 +23,10 @@ sample rate 1). On a CPU rank host and device are the same memory.
 
 S = max(int(rate x num_local), the global batch's positives <= N). With K
 sub-centers per class (--subcenters, sub-center ArcFace) every class has K rows:
-centers, momentum and the sampled buffers are K times larger, and the logits
-are N x S x K sub-center cosines, the pooled N x S, and two N x S x K arrays of
-the sub-centers' gradient. The
+centers, momentum and the sampled buffers are K times larger, and beside the
+pooled N x S logits the head holds the sub-centers' cosines, their gradient and
+its product with the cosines (N x S x K each) and K column slices and K masks
+(N x S each). The
 backbone, its activations and the framework's own memory are not in it: pass
 them as --reserve (measure a run with a small head to find yours).
 """
@@ -97,7 +98,9 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
     if grad_accum > 1:      # summed gradient and radial term of every row, a used flag; the union's rows taken
         union = min(num_local, grad_accum * num_sample) * K
         held = num_local * K * (embedding + 2) * 4 + union * (embedding * 2 + 2) * 4
-    logits = n * num_sample * 4 + (n * num_sample * K * 4 * 3 if K > 1 else 0)
+    # with sub-centers: their cosines, pooling masks and gradient (partial_fc._pooled_logits, _subcenter_grad):
+    # N x S x K three times, N x S 2K times beside the pooled logits
+    logits = n * num_sample * 4 * (1 + (5 * K if K > 1 else 0))
     return HeadMemory(num_local, num_sample, centers=bank, momentum=bank, sampled=sampled,
                       logits=logits, gradients=n * embedding * 4 * 4, held_gradients=held, host=host)
 

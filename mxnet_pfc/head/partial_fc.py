@@ -314,28 +314,34 @@ class PartialFC:
 
     def _pooled_logits(self, xh, index, N: int, S: int):
         """Sub-center ArcFace's forward: (rows, class cosines (N, S) as logits with 1 / |w| = 1, ones (S,),
-        pooled = (the sub-centers' cosines (N, S * K), which sub-center gave each class cosine (N, S), the rows'
-        1 / |w| (S * K,))).
+        pooled = (the sub-centers' cosines (N, S * K), for each k the (N, S) mask of the cells where sub-center
+        k gave the class cosine, the rows' 1 / |w| (S * K,))).
 
-        The bank's rows of the sampled classes (K each, class-major) give cos * |w|; divided by |w|,
-        the largest of a class's K cosines is its cosine (the margin and the softmax see classes)."""
+        The bank's rows of the sampled classes (K each, class-major) give cos * |w|; divided by |w|, the
+        largest of a class's K cosines is its cosine (the margin and the softmax see classes). The masks are
+        the gradient of that max as MXNet's `max` gives it (to every sub-center equal to the max). Taken as
+        K column slices and elementwise maxima: MXNet's reductions over a short last axis are 3-10x slower."""
         K = self.bank.subcenters
         rows = nd.array(self.bank.rows_of(index.asnumpy()), ctx=self.ctx, dtype="int32")
         subcenter_cos, inv_rows = self.bank.logits(xh, rows, out=self.workspace.get("subcenter_logits", (N, S * K)))
         subcenter_cos = nd.broadcast_mul(subcenter_cos, inv_rows.reshape((1, -1)), out=subcenter_cos)
         per_class = subcenter_cos.reshape((N, S, K))
-        scos = nd.max(per_class, axis=2, out=self.workspace.get("logits", (N, S)))
-        best = nd.argmax(per_class, axis=2)
-        return rows, scos, nd.ones((S,), ctx=self.ctx), (subcenter_cos, best, inv_rows)
+        each = [nd.slice_axis(per_class, axis=2, begin=k, end=k + 1).reshape((N, S)) for k in range(K)]
+        cos = each[0]
+        for other in each[1:]:
+            cos = nd.maximum(cos, other)
+        masks = [other == cos for other in each]
+        return rows, cos, nd.ones((S,), ctx=self.ctx), (subcenter_cos, masks, inv_rows)
 
     def _subcenter_grad(self, gs, pooled, N: int, S: int):
         """(the rows' gradient for cos * |w| (N, S * K), the rows' radial coefficients (S * K,)) from the classes'
         gradient gs = d loss / d cos (N, S): each class's goes to the sub-center that gave its cosine."""
         K = self.bank.subcenters
-        subcenter_cos, best, inv_rows = pooled
-        picked = nd.one_hot(best, K) * gs.reshape((N, S, 1))
-        grad_rows = nd.broadcast_mul(picked.reshape((N, S * K)), inv_rows.reshape((1, -1)))
-        b_rows = nd.sum(grad_rows * subcenter_cos, axis=0)
+        subcenter_cos, masks, inv_rows = pooled
+        picked = nd.stack(*[mask * gs for mask in masks], axis=2).reshape((N, S * K))
+        grad_rows = nd.broadcast_mul(picked, inv_rows.reshape((1, -1)), out=picked)
+        ones = nd.ones((N, 1), ctx=self.ctx)
+        b_rows = nd.dot(grad_rows * subcenter_cos, ones, transpose_a=True).reshape((-1,))   # a gemv: sum over rows
         return grad_rows, b_rows * inv_rows
 
     def _hard_negatives(self, logits, inv_w, target, mask) -> HardNegatives:
