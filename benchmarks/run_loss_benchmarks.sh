@@ -2,10 +2,11 @@
 # The loss axis of docs/benchmarks.md ("Margin losses"): each margin loss's head step against
 # ArcFace's, side by side in the same processes (bench_head.py --versus arcface), at 100k and
 # 1M classes, sample rates 1.0 and 0.1, embedding 512, batch 64 per rank, 2 ranks on this
-# machine's CPU (one thread each). The losses are those of mxnet_pfc.head.margin.LOSSES except
-# the combined-margin ones (ArcFace, CosFace and their mixes: one class, one cost); a loss added
-# there joins by itself (LOSS_NAMES="a b" picks some). Results append to
-# benchmarks/results/losses.jsonl and print as a table. About 10-15 minutes here.
+# machine's CPU (one thread each). The losses are those of mxnet_pfc.head.margin.LOSSES whose
+# class is not CombinedMarginLoss itself (ArcFace, CosFace and their mixes: one class, one cost);
+# a loss added there joins by itself (LOSS_NAMES="a b" picks some). Results go to
+# benchmarks/results/losses.jsonl (rewritten) and print as a table. 17 minutes here beside
+# others' jobs (load ~6 on the 2 cores); 31 minutes at load 7-10.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NP="${NP:-2}"
