@@ -317,9 +317,10 @@ def versus_loss(args, rank, world):
         deltas = "".join(f"{r['loss_parts_ms'][p] - r['versus_parts_ms'][p]:+15.1f}" for p in REPORTED)
         print(f"{r['loss']:18s} {r['versus_ms']:14.1f} {r['loss_ms']:9.1f} {r['ratio']:6.3f} "
               f"{r['ratio_paired']:8.3f}{' ' * 24}{deltas}")
-    peak = max((max(r["peak_rss_mb"]) for r in rows if "skipped" not in r), default=0)
-    print(f"[bench_head] medians of {args.steps} steps, the slower rank's; peak RSS per rank {peak} MB "
-          "(both heads)", flush=True)
+    peaks = [max(r["peak_rss_mb"]) for r in rows if "skipped" not in r]
+    if peaks:
+        print(f"[bench_head] medians of {args.steps} steps, the slower rank's; peak RSS per rank {max(peaks)} MB "
+              "(both heads)", flush=True)
 
 
 def setting(args, world, kernels) -> dict:
