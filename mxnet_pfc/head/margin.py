@@ -96,6 +96,13 @@ class Margin:
     def hard_negatives(self, cos_t: np.ndarray) -> "tuple[np.ndarray, float]":
         raise NotImplementedError
 
+    def _scaled(self, cos_t: np.ndarray, f: np.ndarray, grad: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+        """(s * f, s * grad), with a NaN or infinite cosine's row giving s * cos_t in both: passed on, so that the
+        loss check sees it (a margin's clip would turn +-Inf into +-1)."""
+        finite = np.isfinite(cos_t)
+        scaled = self.s * cos_t
+        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+
 
 class CombinedMarginLoss(Margin):
     """The margin applied to the target logit; the rest of the loss is in PartialFC."""
@@ -147,9 +154,7 @@ class CombinedMarginLoss(Margin):
             main_grad = self.m1 * np.sin(angle) / np.maximum(np.sin(theta), _MIN_SIN)
             f = np.where(in_range, np.cos(angle) - self.m3, c - self.m3 - self.fallback_shift)
             grad = np.where(in_range, main_grad, 1.0)
-        finite = np.isfinite(cos_t)
-        scaled = self.s * cos_t
-        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+        return self._scaled(cos_t, f, grad)
 
 
 class AdaFaceMargin(Margin):
@@ -248,11 +253,9 @@ class AdaFaceMargin(Margin):
             shifted = theta + g_angular
             theta_m = np.clip(shifted, eps, math.pi - eps)
             live = (cos_t >= -1.0 + eps) & (cos_t <= 1.0 - eps) & (shifted >= eps) & (shifted <= math.pi - eps)
-        f = self.s * (np.cos(theta_m) - g_add)
-        grad = np.where(live, self.s * np.sin(theta_m) / np.sin(theta), 0.0)
-        finite = np.isfinite(cos_t)
-        scaled = self.s * cos_t
-        return np.where(finite, f, scaled), np.where(finite, grad, scaled)
+        f = np.cos(theta_m) - g_add
+        grad = np.where(live, np.sin(theta_m) / np.sin(theta), 0.0)
+        return self._scaled(cos_t, f, grad)
 
 
 class ElasticFaceMargin(Margin):
@@ -326,9 +329,7 @@ class ElasticFaceMargin(Margin):
             grad = np.sin(theta + margins) / np.maximum(np.sin(theta), _MIN_SIN)
         else:
             f, grad = c - margins, np.ones_like(c)
-        finite = np.isfinite(cos_t)
-        scaled = self.s * cos_t
-        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+        return self._scaled(cos_t, f, grad)
 
 
 class MagFaceMargin(Margin):
@@ -404,9 +405,7 @@ class MagFaceMargin(Margin):
         other = c if self.easy_margin else c - margin * np.sin(math.pi - margin)
         f = np.where(margined, np.cos(theta + margin), other)
         grad = np.where(margined, np.sin(theta + margin) / np.maximum(np.sin(theta), _MIN_SIN), 1.0)
-        finite = np.isfinite(cos_t)
-        scaled = self.s * cos_t
-        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+        return self._scaled(cos_t, f, grad)
 
     def norm_terms(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
         """(lambda_g * g(a), its derivative in |x|, d f_t / d |x|), each (N,) float64; the derivatives are zero
@@ -487,9 +486,7 @@ class CurricularFaceMargin(Margin):
             margined = c > self.fallback_limit
         f = np.where(margined, np.cos(theta + self.m), c - self.fallback_shift)
         grad = np.where(margined, np.sin(theta + self.m) / np.maximum(np.sin(theta), _MIN_SIN), 1.0)
-        finite = np.isfinite(cos_t)
-        scaled = self.s * cos_t
-        return np.where(finite, self.s * f, scaled), np.where(finite, self.s * grad, scaled)
+        return self._scaled(cos_t, f, grad)
 
 
 class SubCenterArcFace(CombinedMarginLoss):

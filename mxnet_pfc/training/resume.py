@@ -37,8 +37,8 @@ def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int
     """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes."""
     path = checkpoint.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
     state = checkpoint.read_state(path)
-    checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network,
-                                config_lib.margin_of(cfg).subcenters)
+    margin = config_lib.margin_of(cfg)
+    checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network, margin.subcenters)
     arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
     arg_shapes, _, aux_shapes = symbol.infer_shape(data=(cfg.batch_size, 3, cfg.image_size, cfg.image_size))
     checkpoint.check_params(arg_params, {n: s for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"},
@@ -46,29 +46,30 @@ def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int
     checkpoint.check_params(aux_params, dict(zip(symbol.list_auxiliary_states(), aux_shapes)), path, cfg.network)
     step, epoch = checkpoint.resume_position(state, steps_per_epoch, global_batch)
     changes = describe_changes(state, path, cfg.seed, world, steps_per_epoch, global_batch, num_images, step)
-    margin_state, margin_change = margin_state_to_continue(state, path, cfg)
+    margin_state, margin_change = margin_state_to_continue(state, path, cfg.loss, margin)
     return Resume(path, state, arg_params, aux_params, step, epoch, changes + margin_change, margin_state)
 
 
-def margin_state_to_continue(state: dict, path: str, cfg) -> "tuple[dict | None, tuple[str, ...]]":
+def margin_state_to_continue(state: dict, path: str, loss: str, margin) -> "tuple[dict | None, tuple[str, ...]]":
     """(the checkpoint's margin statistics if this run continues them, what the resume says about them).
 
     Statistics continue under the same loss (any world size: they are global-batch figures); another
     --loss, or a checkpoint without them (written before they were kept), starts them afresh, and says so.
-    A damaged record is refused, naming the field."""
-    fresh = config_lib.margin_of(cfg).state()
+    A damaged record is refused, naming the field. `margin` is this run's, fresh (loss's); the check loads
+    the record into it."""
+    fresh = margin.state()
     saved_loss = state["config"].get("loss")
     saved = state.get("margin_state")
-    if saved_loss != cfg.loss:
-        return None, ((f"loss {saved_loss} -> {cfg.loss}: the new loss's running statistics start afresh",)
+    if saved_loss != loss:
+        return None, ((f"loss {saved_loss} -> {loss}: the new loss's running statistics start afresh",)
                       if fresh else ())
     if saved is None or saved == {}:
-        return None, ((f"{cfg.loss}'s running statistics start afresh (the checkpoint holds none)",)
+        return None, ((f"{loss}'s running statistics start afresh (the checkpoint holds none)",)
                       if fresh else ())
     try:
         if not isinstance(saved, dict):
             raise ValueError(f"expected an object, got {saved!r}")
-        config_lib.margin_of(cfg).load_state(saved)
+        margin.load_state(saved)
     except ValueError as error:
         raise CheckpointError(f"{path}/state.json: field 'margin_state' is damaged: {error}") from None
     return saved, ()
