@@ -1,9 +1,17 @@
-"""Backbones as MXNet symbols, chosen by name through a registry (never `eval`).
+"""Backbones as MXNet symbols, chosen by name through a registry (never `eval`), or read from a file.
 
 Every backbone maps `data` (N x 3 x 112 x 112, raw 0..255 pixels) to a float32
-embedding (N x embedding_size).
+embedding (N x embedding_size). A network given as the path of an MXNet symbol
+file (`*-symbol.json`, as mx.model.save_checkpoint writes it: InsightFace's
+models, another project's graph) must do the same; its embedding is the graph's
+only output, or the internal output named by `output` (InsightFace's
+`fc1_output`), and its width is the graph's own.
 """
+import json
+import os
 from functools import partial
+
+import mxnet as mx
 
 from . import iresnet, mobilefacenet
 
@@ -25,10 +33,79 @@ def names():
     return sorted(NETWORKS)
 
 
-def get_symbol(name, embedding_size=512, dropout=0.0, fp16=False):
-    """The embedding symbol of the registered network `name`."""
+def is_symbol_file(network):
+    """Whether `network` names a symbol file rather than a registered network."""
+    return network not in NETWORKS and network.endswith(".json")
+
+
+def get_symbol(name, embedding_size=512, dropout=0.0, fp16=False, output=""):
+    """The embedding symbol of the registered network `name`, or of the symbol file `name` (`output`: the
+    internal output to take; embedding_size must be the file's, dropout 0 and fp16 off: the graph is as
+    written)."""
+    if is_symbol_file(name):
+        symbol = load_symbol_file(name, output)
+        width = embedding_width(symbol, name)
+        if width != embedding_size or dropout or fp16:
+            raise ValueError(f"{name}: the graph is used as written (embedding {width}, no dropout, float32); "
+                             f"asked for embedding {embedding_size}, dropout {dropout}, fp16 {fp16}")
+        return symbol
     try:
         build = NETWORKS[name]
     except KeyError:
-        raise ValueError(f"unknown network {name!r}; registered: {', '.join(names())}") from None
+        raise ValueError(f"unknown network {name!r}; registered: {', '.join(names())}, or the path of an MXNet "
+                         "symbol file (*.json)") from None
     return build(embedding_size=embedding_size, dropout=dropout, fp16=fp16)
+
+
+def load_symbol_file(path, output=""):
+    """The embedding graph in symbol file `path`: its output `output` ('fc1' or 'fc1_output'), else its
+    only output, else its `fc1_output` (InsightFace's training graphs have the classifier's outputs too).
+    Raises ValueError naming the file and what is wrong with it."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such symbol file")
+    try:
+        with open(path) as f:
+            json.load(f)
+        symbol = mx.sym.load(path)
+    except (OSError, ValueError, mx.base.MXNetError) as error:
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{path}: not an MXNet symbol file ({reason})") from None
+    outputs = symbol.list_outputs()
+    internal = symbol.get_internals()
+    available = internal.list_outputs()
+    if output:
+        wanted = output if output in available else f"{output}_output"
+        if wanted not in available:
+            near = [name for name in available if name.endswith("_output") and output.split("_")[0] in name]
+            raise ValueError(f"{path}: the graph has no output {output!r}"
+                             + (f" (similar: {', '.join(near[:5])})" if near else ""))
+        symbol = internal[wanted]
+    elif len(outputs) > 1:
+        if "fc1_output" not in available:
+            raise ValueError(f"{path}: the graph has {len(outputs)} outputs ({', '.join(outputs)}); name the "
+                             "embedding with --network_output")
+        symbol = internal["fc1_output"]
+    arguments = symbol.list_arguments()
+    if "data" not in arguments:
+        raise ValueError(f"{path}: the graph has no input named 'data' (its inputs: {', '.join(arguments[:6])})")
+    labels = [name for name in arguments if name.endswith("_label") or name == "label"]
+    if labels:
+        raise ValueError(f"{path}: the chosen output depends on the label input(s) {', '.join(labels)}: it is a "
+                         "training head, not the embedding; name the embedding with --network_output "
+                         "(InsightFace's: fc1_output)")
+    return symbol
+
+
+def embedding_width(symbol, where):
+    """The embedding width D of `symbol` for N x 3 x 112 x 112 input; ValueError naming `where` if the
+    graph does not map faces of that size to an N x D matrix."""
+    try:
+        _, out_shapes, _ = symbol.infer_shape(data=(2, *INPUT_SHAPE))
+    except mx.base.MXNetError as error:
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        raise ValueError(f"{where}: the graph does not take 3 x 112 x 112 faces as `data` "
+                         f"({lines[-1].strip() if lines else 'shape inference failed'})") from None
+    if out_shapes is None or len(out_shapes[0]) != 2 or out_shapes[0][0] != 2:
+        raise ValueError(f"{where}: the graph's output for 2 faces has shape {out_shapes and out_shapes[0]}, "
+                         "not 2 x D (an embedding per face)")
+    return int(out_shapes[0][1])

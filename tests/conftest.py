@@ -2,7 +2,7 @@
 import pytest
 
 import margin_golden
-from launch import REFERENCE_RUN, config_sh, run_command, tiny_synthetic_run
+from launch import LEARNED_RUN, REFERENCE_RUN, config_sh, run_command, small_synthetic_run, tiny_synthetic_run
 
 
 @pytest.fixture(scope="session")
@@ -12,6 +12,18 @@ def reference(tmp_path_factory):
     proc = run_command(config_sh(*tiny_synthetic_run(root / "data", root / "run", *REFERENCE_RUN)), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return root / "data", root / "run"
+
+
+@pytest.fixture(scope="session")
+def learned(tmp_path_factory):
+    """A 2-rank run that learns (120 steps, 100 identities; test_training checks that it does), the model the
+    fine-tuning tests start from: (folder holding data/ and run/, the launcher's output)."""
+    root = tmp_path_factory.mktemp("learned")
+    rate, batch, grad_accum = LEARNED_RUN
+    proc = run_command(config_sh(*small_synthetic_run(root, "--sample_rate", rate, "--batch_size", batch,
+                                                      "--grad_accum", grad_accum)), timeout=360)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return root, proc.stdout
 
 
 @pytest.fixture(scope="session", params=margin_golden.RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")

@@ -73,6 +73,21 @@ def tiny_synthetic_run(data, output, *extra) -> list:
             "--output", output, *extra]
 
 
+def small_synthetic_run(tmp, *extra) -> list:
+    """Trainer options for a run that learns in about 40 s: 120 steps on a generated set of 100 identities x 24
+    images (data in tmp/data, output tmp/run), verified at the start and the end."""
+    data = tmp / "data"
+    return ["--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
+            "--num_classes", 100, "--synthetic_identities", 100, "--synthetic_images_per_identity", 24,
+            "--synthetic_val_pairs", 400, "--lr_base_batch", 32, "--max_update", 120,
+            "--warmup_epochs", 0.1, "--frequent", 20, "--verbose", 1000, "--val_at_start", "true",
+            "--output", tmp / "run", *extra]
+
+
+# (sample rate, batch size, grad_accum) of the session's learning run (conftest.learned)
+LEARNED_RUN = (1.0, 16, 1)
+
+
 # The 2-rank reference run of the checkpoint and fault tests (conftest.reference):
 # 30 steps of 20 per epoch, a checkpoint every 8 steps, the newest 2 kept.
 REFERENCE_RUN = ("--max_update", 30, "--save_interval", 8, "--keep_checkpoints", 2, "--frequent", 1,

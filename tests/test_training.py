@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from launch import config_sh, run_command
+from launch import LEARNED_RUN, config_sh, run_command, small_synthetic_run
 
 
 def launch(cmd, timeout, env=None):
@@ -19,20 +19,15 @@ def launch(cmd, timeout, env=None):
     return proc.returncode, proc.stdout
 
 
-def small_synthetic_run(tmp, *extra):
-    data = tmp / "data"
-    return ["--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
-            "--num_classes", 100, "--synthetic_identities", 100, "--synthetic_images_per_identity", 24,
-            "--synthetic_val_pairs", 400, "--lr_base_batch", 32, "--max_update", 120,
-            "--warmup_epochs", 0.1, "--frequent", 20, "--verbose", 1000, "--val_at_start", "true",
-            "--output", tmp / "run", *extra]
-
-
 # (sample rate, images per rank per micro-batch, micro-batches per step): the same global batch of 32
-@pytest.mark.parametrize("rate, batch, grad_accum", [(1.0, 16, 1), (0.1, 8, 2)])
-def test_two_ranks_learn_on_the_synthetic_set(tmp_path, rate, batch, grad_accum):
-    code, out = launch(config_sh(*small_synthetic_run(tmp_path, "--sample_rate", rate, "--batch_size", batch,
-                                                      "--grad_accum", grad_accum)), timeout=360)
+@pytest.mark.parametrize("rate, batch, grad_accum", [LEARNED_RUN, (0.1, 8, 2)])
+def test_two_ranks_learn_on_the_synthetic_set(request, tmp_path, rate, batch, grad_accum):
+    if (rate, batch, grad_accum) == LEARNED_RUN:       # shared with the fine-tuning tests (conftest.learned)
+        tmp_path, out = request.getfixturevalue("learned")
+        code = 0
+    else:
+        code, out = launch(config_sh(*small_synthetic_run(tmp_path, "--sample_rate", rate, "--batch_size", batch,
+                                                          "--grad_accum", grad_accum)), timeout=360)
     assert code == 0, out[-4000:]
     if grad_accum > 1:      # the logs say both: optimizer steps and micro-batches
         assert "global batch 32 = 8 x 2 ranks x 2 micro-batches" in out

@@ -152,21 +152,42 @@ class MemoryBank:
         ranks: only the rows this rank owns are read (memory-mapped). The saved bank
         must have this bank's number of sub-centers (the caller checks state.json's).
         """
-        K = self.subcenters
-        pieces = [(old_rank, old_row * K, new_row * K, rows * K)
-                  for old_rank, old_row, new_row, rows in shard_overlaps(shards, self.class_start, self.num_local)]
-        for kind, target in (("centers", self.weight), ("momentum", self.weight_mom)):
-            for old_rank, old_row, new_row, rows in pieces:
-                file = shard_files(folder, old_rank)[kind]
-                try:
-                    saved = np.load(file, mmap_mode="r")
-                except (OSError, ValueError) as error:
-                    raise CheckpointError(f"{file}: {error}") from None
-                expected = (shards[old_rank][1] * K, self.embedding_size)
-                if saved.shape != expected or saved.dtype != np.float32:
-                    raise CheckpointError(f"{file}: {saved.dtype} array of shape {saved.shape}; state.json's shards "
-                                          f"give saved rank {old_rank} float32 rows of shape {expected}")
-                rows_read = np.asarray(saved[old_row:old_row + rows])
-                if not np.isfinite(rows_read).all():
-                    raise CheckpointError(f"{file}: non-finite values (NaN or inf) in its {kind}")
-                target[new_row:new_row + rows] = nd.array(rows_read, dtype="float32")
+        centers, momentum = read_saved_rows(folder, shards, self.class_start, self.num_local, self.embedding_size,
+                                            self.subcenters)
+        self.set_all(centers, momentum)
+
+    def set_all(self, centers: np.ndarray, momentum: np.ndarray) -> None:
+        """This rank's centers and momentum from host arrays of the bank's shape."""
+        for target, rows in ((self.weight, centers), (self.weight_mom, momentum)):
+            if rows.shape != target.shape:
+                raise ValueError(f"{rows.shape} rows for a bank of {target.shape}")
+            target[:] = nd.array(rows, dtype="float32")
+
+
+def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
+                    subcenters: int = 1) -> "tuple[np.ndarray, np.ndarray]":
+    """(centers, momentum) of classes [class_start, class_start + num_local), K rows each, from the shards a
+    checkpoint saved in `folder` (shards[r] = (class_start, num_local) of saved rank r, any number of ranks).
+    Only those rows are read (memory-mapped); a file of another shape, type, or with NaN is refused naming it."""
+    K = subcenters
+    pieces = [(old_rank, old_row * K, new_row * K, rows * K)
+              for old_rank, old_row, new_row, rows in shard_overlaps(shards, class_start, num_local)]
+    arrays = []
+    for kind in ("centers", "momentum"):
+        target = np.empty((num_local * K, embedding_size), dtype=np.float32)
+        for old_rank, old_row, new_row, rows in pieces:
+            file = shard_files(folder, old_rank)[kind]
+            try:
+                saved = np.load(file, mmap_mode="r")
+            except (OSError, ValueError) as error:
+                raise CheckpointError(f"{file}: {error}") from None
+            expected = (shards[old_rank][1] * K, embedding_size)
+            if saved.shape != expected or saved.dtype != np.float32:
+                raise CheckpointError(f"{file}: {saved.dtype} array of shape {saved.shape}; state.json's shards "
+                                      f"give saved rank {old_rank} float32 rows of shape {expected}")
+            rows_read = np.asarray(saved[old_row:old_row + rows])
+            if not np.isfinite(rows_read).all():
+                raise CheckpointError(f"{file}: non-finite values (NaN or inf) in its {kind}")
+            target[new_row:new_row + rows] = rows_read
+        arrays.append(target)
+    return arrays[0], arrays[1]

@@ -38,9 +38,10 @@ def positive_int(text: str) -> int:
     return value
 
 
-def inference_symbol(network: str, embedding_size: int) -> mx.sym.Symbol:
-    """The float32 embedding symbol of a registered network, without dropout."""
-    return symbols.get_symbol(network, embedding_size, dropout=0.0, fp16=False)
+def inference_symbol(network: str, embedding_size: int, output: str = "") -> mx.sym.Symbol:
+    """The float32 embedding symbol of a network (registered, or a symbol file and its `output`), without
+    dropout."""
+    return symbols.get_symbol(network, embedding_size, dropout=0.0, fp16=False, output=output)
 
 
 def embedding_output(symbol: mx.sym.Symbol) -> mx.sym.Symbol:
@@ -85,7 +86,10 @@ def load_model(path: str):
             state = checkpoint.read_state(path)
             arg_params, aux_params = checkpoint.load_backbone(path, 0, same_world=False, average=True)
             network = state["config"]["network"]
-            symbol = inference_symbol(network, state["embedding_size"])
+            if symbols.is_symbol_file(network):        # the graph as trained, saved beside its parameters
+                symbol = load_checkpoint(os.path.join(path, "model-average"), 0, ModelError)[0]
+            else:
+                symbol = inference_symbol(network, state["embedding_size"])
             arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
             return symbol, arg_params, aux_params, f"checkpoint {path} ({network}, step {state['step']})"
         run = RunFolder(path)

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 
 import mxnet as mx
 
+import symbols
 from mxnet_pfc.head.memory_bank import MemoryBank, shard_files
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.runtime.errors import CheckpointError, load_arrays, load_checkpoint, mxnet_reason
@@ -239,7 +240,10 @@ def read_state(path: str) -> dict:
 
 def check_compatible(state: dict, path: str, num_classes: int, embedding_size: int, network: str,
                      subcenters: int = 1) -> None:
-    """The checkpoint's head and backbone must be the configured ones; the message says which differs."""
+    """The checkpoint's head and backbone must be the configured ones; the message says which differs.
+
+    A network given as a symbol file is known by its graph, not its name: check_params compares the
+    parameters' names and shapes."""
     problems = []
     saved_subcenters = state.get("subcenters", 1)       # written since sub-center ArcFace; 1 before
     if saved_subcenters != subcenters:
@@ -250,7 +254,8 @@ def check_compatible(state: dict, path: str, num_classes: int, embedding_size: i
     if state["embedding_size"] != embedding_size:
         problems.append(f"its embedding size is {state['embedding_size']}, the configuration's {embedding_size} "
                         "(embedding_size)")
-    if state["config"]["network"] != network:
+    saved_network = state["config"]["network"]
+    if saved_network != network and not (symbols.is_symbol_file(saved_network) or symbols.is_symbol_file(network)):
         problems.append(f"its network is {state['config']['network']}, the configuration's {network} (network)")
     if problems:
         raise CheckpointError(f"checkpoint {path} does not fit this run: " + "; ".join(problems))

@@ -55,9 +55,11 @@ class Config:
     decode_threads: int = 2
     # ---- backbone
     network: str = "r50"
+    network_output: str = ""
     embedding_size: int = 512
     dropout: float = 0.0
     fp16: bool = False
+    pretrained: str = ""
     # ---- head
     loss: str = "arcface"
     margin_s: float = margin.preset_params("arcface")["s"]
@@ -79,6 +81,7 @@ class Config:
     subcenter_k: int = margin.preset_params("subcenter-arcface")["subcenters"]
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
+    init_centers: str = "random"
     # ---- optimisation (both optimizers)
     batch_size: int = 128
     grad_accum: int = 1
@@ -93,6 +96,7 @@ class Config:
     warmup_epochs: float = 0.0
     poly_power: float = 2.0
     max_update: int = 0
+    freeze_backbone_steps: int = 0
     # ---- run
     output: str = ""
     context: str = "auto"
@@ -178,7 +182,13 @@ FIELD_HELP = {
     "synthetic_images_per_identity": "Images per identity of a generated synthetic set.",
     "synthetic_val_pairs": "Verification pairs in the generated val.bin (identities never seen in training).",
     "decode_threads": "Threads per rank that read and decode images, a few batches ahead.",
-    "network": "Backbone, by name in symbols.NETWORKS.",
+    "network": "Backbone: a name of symbols.NETWORKS, or the path of an MXNet symbol file (*-symbol.json: any "
+               "graph from raw 3 x 112 x 112 RGB `data` to the embedding; its width sets embedding_size).",
+    "network_output": "With a symbol file: the graph's output that is the embedding (e.g. fc1_output, as "
+                      "InsightFace names it); '' takes its only output, or fc1_output when it has several.",
+    "pretrained": "Start the backbone from MXNet parameters, matched by name and shape: PREFIX[,EPOCH] "
+                  "(PREFIX-EPOCH.params, InsightFace's model-0000.params layout), a checkpoint folder or a run's "
+                  "output folder; '' initialises at random. Ignored when resuming.",
     "embedding_size": "Length of the face embedding (the backbone's output features).",
     "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
     "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
@@ -208,6 +218,11 @@ FIELD_HELP = {
     "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
                                       "a negative class whose cosine with a sample exceeds this counts as cosine 0 "
                                       "and gets no gradient; 0 = off, 0.4 is the published choice.",
+    "init_centers": "Starting class centers: random; imprint (each class's normalised mean embedding of its "
+                    "training images under the starting backbone, one pass over the set before step 1); or a "
+                    "FOLDER holding centers and momentum: a checkpoint of this project (any world size) or an "
+                    "output folder of InsightFace's MXNet Partial FC (RANK_centers.param and "
+                    "RANK_centers_mom.param). Ignored when resuming.",
     "batch_size": "Images per rank per micro-batch; a step trains on batch_size x ranks x grad_accum images.",
     "grad_accum": "Micro-batches per optimizer step (gradient accumulation): gradients add up over them and the "
                   "backbone and centers update once; steps, epochs and the schedule count optimizer steps.",
@@ -222,6 +237,8 @@ FIELD_HELP = {
     "warmup_epochs": "Epochs of linear warm-up from 0 to the peak learning rate.",
     "poly_power": "poly: the learning rate is peak x (1 - progress)^poly_power.",
     "max_update": "Length of the run in steps; 0 uses num_epoch.",
+    "freeze_backbone_steps": "The first this many steps train only the class centers (the backbone does not "
+                             "move: warm-up of a new head on a pretrained backbone); the schedule counts them.",
     "output": "Output folder for logs, metrics, checkpoints and the model; default output/DATASET_NETWORK_LOSS.",
     "context": "Device: auto (GPU local_rank when MXNet sees GPUs, else CPU), cpu or gpu.",
     "seed": "Seed of the epoch order, mirroring, initialisation and sampling.",
@@ -294,6 +311,8 @@ def make_config(overrides: "dict | None" = None) -> Config:
     values = {name: f.default for name, f in known.items()}
     for preset_field, table in PRESET_FIELDS.items():      # a dataset preset may choose the network and loss
         name = overrides.get(preset_field, values[preset_field])
+        if preset_field == "network" and symbols.is_symbol_file(name):
+            table = {name: dict(network=name, embedding_size=_file_embedding_size(name, overrides))}
         if name not in table:
             raise ConfigError(f"unknown {preset_field} {name!r}; choose one of: {', '.join(table)}")
         preset = table[name]
@@ -323,10 +342,29 @@ def make_config(overrides: "dict | None" = None) -> Config:
             ("rec" in overrides or "images" in overrides):
         values["val_targets"] = (AUTO_VAL,)       # your own set: the .bin files beside it (run_plan finds them)
     if not values["output"]:
-        values["output"] = os.path.join("output", f"{values['dataset']}_{values['network']}_{values['loss']}")
+        network = values["network"]
+        if symbols.is_symbol_file(network):        # model-symbol.json -> model
+            network = os.path.basename(network)[:-len(".json")].removesuffix("-symbol")
+        values["output"] = os.path.join("output", f"{values['dataset']}_{network}_{values['loss']}")
     config = Config(**values)
     validate(config)
     return config
+
+
+def _file_embedding_size(network: str, overrides: dict) -> int:
+    """The embedding width of symbol file `network`; a differing --embedding_size is refused, naming both."""
+    try:
+        width = symbols.embedding_width(symbols.load_symbol_file(network, overrides.get("network_output", "")),
+                                        network)
+    except ValueError as error:
+        raise ConfigError(f"network = {network!r}: {error}") from None
+    if overrides.get("embedding_size", width) != width:
+        raise ConfigError(f"embedding_size = {overrides['embedding_size']!r}: the graph of --network {network} "
+                          f"gives {width}-d embeddings")
+    return width
+
+
+INIT_CENTERS = ("random", "imprint")     # or the path of a folder holding centers
 
 
 def validate(config: Config) -> None:
@@ -334,7 +372,18 @@ def validate(config: Config) -> None:
         if not condition:
             raise ConfigError(f"{name} = {getattr(config, name)!r}: {what}")
 
-    require(config.network in symbols.NETWORKS, "network", f"not a registered network ({', '.join(symbols.names())})")
+    require(config.network in symbols.NETWORKS or symbols.is_symbol_file(config.network), "network",
+            f"not a registered network ({', '.join(symbols.names())}) or a symbol file (*.json)")
+    require(not config.network_output or symbols.is_symbol_file(config.network), "network_output",
+            "names an output of a symbol file given as --network; the registered networks have one")
+    require(not (symbols.is_symbol_file(config.network) and (config.fp16 or config.dropout)), "network",
+            "a symbol file is trained as written: no --dropout, no --fp16 (build them into the graph)")
+    require(config.init_centers in INIT_CENTERS or os.path.isdir(config.init_centers), "init_centers",
+            f"one of {', '.join(INIT_CENTERS)}, or a folder holding centers (a checkpoint, or an output folder of "
+            "InsightFace's MXNet Partial FC); no such folder")
+    require(config.init_centers != "imprint" or config.rec or config.images, "init_centers",
+            "imprint embeds the training images: it needs --rec or --images (not dummy data)")
+    require(config.freeze_backbone_steps >= 0, "freeze_backbone_steps", "must be non-negative (0: no freeze)")
     require(not (config.rec and config.images), "images",
             f"--images and --rec ({config.rec!r}) name two training sets: give one")
     require(config.num_classes >= 1 or ((config.rec or config.images) and config.num_classes == 0), "num_classes",

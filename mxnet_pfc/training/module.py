@@ -102,14 +102,17 @@ class PartialFCModule:
                 grad[:] = 0
 
     def step(self, data: mx.nd.NDArray, labels: np.ndarray, lr: float,
-             phase_seconds: "dict | None" = None) -> float:
+             phase_seconds: "dict | None" = None, train_backbone: bool = True) -> float:
         """One SGD step of backbone and head at learning rate lr; returns the global mean loss.
 
         data (K x B, 3, H, W) and labels (K x B,) hold the step's grad_accum = K
         micro-batches of B images, in order. With `phase_seconds`, the step waits
         for each phase to finish and records its seconds there (PHASES, summed
         over micro-batches). The waits cost the step the overlap of its phases, so
-        the trainer times one step per log window, not every step.
+        the trainer times one step per log window, not every step. With
+        train_backbone False only the centers learn: the backbone embeds in
+        inference mode (its BatchNorm statistics stay too) and is neither
+        back-propagated nor updated (--freeze_backbone_steps).
         """
         mark = _PhaseClock(phase_seconds)
         self.head.lr = lr
@@ -120,17 +123,19 @@ class PartialFCModule:
         losses = []
         for k in range(K):
             part = data if K == 1 else data[k * B:(k + 1) * B]
-            self.module.forward(mx.io.DataBatch([part]), is_train=True)
+            self.module.forward(mx.io.DataBatch([part]), is_train=train_backbone)
             embeddings = self.module.get_outputs()[0]
             mark("forward")
             loss, grad = self.head.forward_backward(embeddings, labels[k * B:(k + 1) * B], K,
                                                     update=k == K - 1)     # collectives; host sync for loss
             losses.append(loss)
             mark("head")
-            self.module.backward(out_grads=[grad])       # adds to the held gradients when K > 1
+            if train_backbone:
+                self.module.backward(out_grads=[grad])       # adds to the held gradients when K > 1
             mark("backward")
-        self.module.update()                             # allreduce of backbone grads, once per step
-        self._clear_gradients()
+        if train_backbone:
+            self.module.update()                             # allreduce of backbone grads, once per step
+            self._clear_gradients()
         mark("update")
         return float(np.mean(losses))                   # micro-batches of equal size: the mean over K x N
 

@@ -36,6 +36,7 @@ from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint, output_folder
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
+from mxnet_pfc.training import start as start_lib
 from mxnet_pfc.training.lr_schedule import LRSchedule
 from mxnet_pfc.training.metrics import MetricsLog, Throughput, format_duration, progress_line
 from mxnet_pfc.training.module import PartialFCModule
@@ -55,6 +56,7 @@ class Setup:
     plan: RunPlan
     schedule: LRSchedule
     resume: "resume_lib.Resume | None"
+    start: "start_lib.Start | None"        # a fresh run's pretrained backbone and initial centers
 
 
 def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
@@ -82,18 +84,20 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
         data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, image_shape,
                          steps_per_epoch=steps_in_epoch(num_images, cfg.batch_size, world, cfg.grad_accum),
                          micro_batches=cfg.grad_accum)
-    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16)
+    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16, cfg.network_output)
     resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world), num_images)
               if cfg.resume else None)
+    start = (start_lib.read_start(cfg, rank, world, symbol, config_lib.margin_of(cfg).subcenters)
+             if resume is None else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
     evaluation = None
     if rank == 0:
-        eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size)
+        eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size, cfg.network_output)
         evaluation = TrainingEvaluation(cfg.val_targets, cfg.ijb_targets, eval_symbol, ctx, cfg.val_batch_size,
                                         cfg.image_size)
     data.seek(resume.step if resume else 0)
-    return Setup(cfg, ctx, data, symbol, evaluation, plan, schedule, resume)
+    return Setup(cfg, ctx, data, symbol, evaluation, plan, schedule, resume, start)
 
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
@@ -167,6 +171,12 @@ def train(cfg: config_lib.Config) -> dict:
             log.info(resume_lib.describe(resume))
             if plan.length_note:
                 log.info(plan.length_note)
+            if cfg.pretrained or cfg.init_centers != "random":
+                log.info("--pretrained and --init_centers are not used: a resumed run continues its checkpoint")
+        else:
+            with watchdog.working("the starting point"):
+                start_lib.apply_start(setup.start, module, head, getattr(setup.data, "source", None), cfg, rank,
+                                      world)
         seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
         if rank == 0:
             log.info(plan.describe(cfg.batch_size, world, cfg.grad_accum, cfg.lr_schedule))
@@ -211,13 +221,17 @@ class Trainer:
             if cfg.val_at_start and start_step == 0:
                 with comm.fail_together("verification"):
                     self.verify(0)
+            if start_step < cfg.freeze_backbone_steps and self.rank == 0:
+                log.info(f"steps {start_step + 1}..{min(cfg.freeze_backbone_steps, plan.max_update)} train only the "
+                         "class centers (--freeze_backbone_steps); the backbone trains after them")
             for step in range(start_step, plan.max_update):
                 fetch_started = time.time()
                 batch = next(data)            # waits only when decoding falls behind
                 window.waited_for_data(time.time() - fetch_started)
                 lr = schedule(step)
                 try:
-                    loss = self.module.step(batch.data, batch.labels, lr, window.timing_next_step())
+                    loss = self.module.step(batch.data, batch.labels, lr, window.timing_next_step(),
+                                            train_backbone=step >= cfg.freeze_backbone_steps)
                 except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
                     raise type(error)(f"step {step + 1}: {error}") from None
                 window.step_done()
@@ -306,7 +320,7 @@ class Trainer:
         """
         cfg = self.cfg
         prefix = self.run_folder.model
-        symbol = inference_symbol(cfg.network, cfg.embedding_size)
+        symbol = inference_symbol(cfg.network, cfg.embedding_size, cfg.network_output)
         params = float32_params(symbol, backbone.average_arg, backbone.average_aux, "the rank-averaged backbone")
         export_model(prefix, symbol, *params)
         results = self.verify(self.plan.max_update, params)

@@ -1,0 +1,141 @@
+"""Starting a run from what users have, through config.sh: a pretrained backbone (--pretrained), centers
+imprinted from it or taken from a checkpoint (--init_centers), a frozen warm-up (--freeze_backbone_steps),
+and any backbone given as a symbol file (--network FILE).
+
+Model A is the session's 2-rank run that learns (conftest.learned: 120 steps on 100 synthetic identities);
+set B is another synthetic set (its own identities: another seed) on which A is fine-tuned. The checks of
+exact loading use the reference run (conftest.reference) as well.
+"""
+import json
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from launch import ckpt, config_sh, losses, rank_stop_line, run_command
+from mxnet_pfc.data import synthetic_set
+from mxnet_pfc.head.sampler import shard_range
+from mxnet_pfc.training import checkpoint, start
+
+B_IDENTITIES = 40
+
+
+@pytest.fixture(scope="module")
+def set_b(tmp_path_factory):
+    """Synthetic set B: 40 identities x 8 images and 100 held-out pairs, drawn with another seed than A's."""
+    folder = tmp_path_factory.mktemp("set-b")
+    synthetic_set.generate(str(folder), B_IDENTITIES, 8, val_identities=25, val_pairs=100, seed=7)
+    return folder
+
+
+def b_run(set_b, output, *extra) -> list:
+    """Trainer options for a seconds-long run on set B, read as a user's own set (no generation)."""
+    return ["--dataset", "synthetic", "--rec", set_b / "train.rec", "--val_targets", set_b / "val.bin",
+            "--batch_size", 16, "--lr_base_batch", 32, "--warmup_epochs", 0.1, "--frequent", 1, "--verbose", 1000,
+            "--output", output, *extra]
+
+
+def verification_records(output) -> dict:
+    """{step: accuracy on val} from rank 0's metrics.jsonl."""
+    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
+    return {r["step"]: r["val/val/accuracy"] for r in records if "val/val/accuracy" in r}
+
+
+def test_a_fine_tune_starts_from_the_pretrained_backbone_exactly_and_imprinted_centers_start_far_lower(
+        learned, set_b, tmp_path):
+    """A's backbone on B: the verification at step 0 equals `mxnet_pfc.verify` of A's export on B's pairs
+    (the backbone is loaded exactly); imprinted centers start B's loss far below random centers'."""
+    run_a = learned[0] / "run"
+    report = tmp_path / "a-on-b.json"
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.verify", run_a, set_b / "val.bin", "--json", report],
+                       timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    a_on_b = json.loads(report.read_text())["val"]["accuracy"]
+
+    imprinted = tmp_path / "imprinted"
+    proc = run_command(config_sh(*b_run(set_b, imprinted, "--pretrained", run_a, "--init_centers", "imprint",
+                                        "--val_at_start", "true", "--max_update", 12)), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "pretrained backbone: " in proc.stdout and f"loaded from {run_a}/model-0000.params" in proc.stdout
+    assert "imprinted centers: 20 of this rank's 20 classes have training images" in proc.stdout
+    accuracy = verification_records(imprinted)
+    assert accuracy[0] == a_on_b
+
+    random_centers = tmp_path / "random"
+    proc = run_command(config_sh(*b_run(set_b, random_centers, "--pretrained", run_a, "--max_update", 12)),
+                       timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    first_imprinted, first_random = losses(imprinted)[1], losses(random_centers)[1]
+    assert first_imprinted < 0.7 * first_random, (first_imprinted, first_random)
+    print(f"A on B: {a_on_b:.4f}; first loss imprinted {first_imprinted:.3f}, random {first_random:.3f}; "
+          f"B after 12 steps: imprinted {accuracy[12]:.4f}, random {verification_records(random_centers)[12]:.4f}")
+
+
+def test_a_frozen_warm_up_moves_only_the_centers_then_the_backbone_trains(reference, set_b, tmp_path):
+    """--freeze_backbone_steps 3: the checkpoint at step 3 holds A's backbone bit for bit (BatchNorm
+    statistics too) while the centers moved; the backbone moves after."""
+    _, run_a = reference
+    output = tmp_path / "frozen"
+    proc = run_command(config_sh(*b_run(set_b, output, "--pretrained", run_a, "--freeze_backbone_steps", 3,
+                                        "--max_update", 6, "--save_interval", 3)), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "steps 1..3 train only the class centers" in proc.stdout
+    a_arg, a_aux = mx.model.load_checkpoint(str(run_a / "model"), 0)[1:]
+    at_3 = checkpoint.load_backbone(str(ckpt(output / "checkpoints", 3)), 0, same_world=True)
+    at_6 = checkpoint.load_backbone(str(ckpt(output / "checkpoints", 6)), 0, same_world=True)
+    assert set(at_3[0]) == set(a_arg) and set(at_3[1]) == set(a_aux)
+    for name, value in {**at_3[0], **at_3[1]}.items():
+        assert np.array_equal(value.asnumpy(), {**a_arg, **a_aux}[name].asnumpy()), name
+    assert any(not np.array_equal(value.asnumpy(), at_3[0][name].asnumpy()) for name, value in at_6[0].items())
+    momentum_3 = np.load(ckpt(output / "checkpoints", 3) / "momentum-rank00000.npy")
+    assert np.abs(momentum_3).max() > 0         # the centers moved (their momentum starts at zero)
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_centers_from_a_checkpoint_re_shard_onto_any_world_size(reference, world):
+    """--init_centers CHECKPOINT on W ranks: rank r gets exactly rows [start, start + count) of the saved
+    table (centers and momentum), read from the 2-rank checkpoint's shards."""
+    _, run_a = reference
+    saved = ckpt(run_a / "checkpoints", 30)
+    table = {kind: np.concatenate([np.load(saved / f"{kind}-rank{r:05d}.npy") for r in range(2)])
+             for kind in ("centers", "momentum")}
+    for rank in range(world):
+        first, count = shard_range(40, rank, world)
+        got = start.read_centers(str(run_a), 40, 128, 1, first, count)        # the run folder: its latest
+        assert str(saved) in got.source
+        assert np.array_equal(got.centers, table["centers"][first:first + count])
+        assert np.array_equal(got.momentum, table["momentum"][first:first + count])
+
+
+def stop_lines(out: str) -> "list[str]":
+    return [rank_stop_line(out, rank) for rank in range(2)]
+
+
+@pytest.mark.parametrize("option, expected", [
+    (("--pretrained", "{tmp}/missing"), "pretrained = '{tmp}/missing': no such file {tmp}/missing-0000.params"),
+    (("--pretrained", "{tmp}/narrow"), "parameter(s) of {tmp}/narrow-0000.params do not fit the network's shapes: "
+                                       "pre_fc1_weight (64, 512) in the file, (128, 512) in the network"),
+    (("--pretrained", "{tmp}/foreign"), "holds none of the network's parameters"),
+    (("--init_centers", "{a}", "--num_classes", 41), "checkpoint {a_ckpt} does not fit: it has 40 classes, this "
+                                                     "run 41 (num_classes)"),
+])
+def test_a_starting_point_that_does_not_fit_stops_every_rank_before_the_first_step(
+        reference, set_b, tmp_path, option, expected):
+    """A missing file, a parameter of another shape, a file with none of the network's parameters, centers
+    of another class count: each named on both ranks, before step 1."""
+    _, run_a = reference
+    arg, aux = mx.model.load_checkpoint(str(run_a / "model"), 0)[1:]
+    narrow = {**arg, "pre_fc1_weight": mx.nd.zeros((64, 512))}
+    mx.model.save_checkpoint(str(tmp_path / "narrow"), 0, mx.sym.Variable("data"), narrow, aux)
+    mx.model.save_checkpoint(str(tmp_path / "foreign"), 0, mx.sym.Variable("data"),
+                             {"conv0_weight": mx.nd.zeros((8, 3, 3, 3))}, {})
+    fill = dict(tmp=tmp_path, a=run_a, a_ckpt=ckpt(run_a / "checkpoints", 30))
+    args = [str(value).format(**fill) for value in option]
+    output = tmp_path / "run"
+    proc = run_command(config_sh(*b_run(set_b, output, "--max_update", 2, *args)), timeout=300)
+    assert proc.returncode != 0
+    for line in stop_lines(proc.stdout):
+        assert line, proc.stdout[-3000:]
+    assert expected.format(**fill) in proc.stdout, proc.stdout[-3000:]
+    assert "step 1/" not in proc.stdout
