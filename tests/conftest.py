@@ -3,6 +3,7 @@ import pytest
 
 import margin_golden
 from launch import LEARNED_RUN, REFERENCE_RUN, config_sh, run_command, small_synthetic_run, tiny_synthetic_run
+from mxnet_pfc.data import synthetic_set
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +25,15 @@ def learned(tmp_path_factory):
                                                       "--grad_accum", grad_accum)), timeout=360)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return root, proc.stdout
+
+
+@pytest.fixture(scope="session")
+def set_b(tmp_path_factory):
+    """Synthetic set B, a user's own set to fine-tune on: 40 identities x 8 images and 100 held-out pairs,
+    drawn with another seed than the generated sets of the runs above (other identities)."""
+    folder = tmp_path_factory.mktemp("set-b")
+    synthetic_set.generate(str(folder), 40, 8, val_identities=25, val_pairs=100, seed=7)
+    return folder
 
 
 @pytest.fixture(scope="session", params=margin_golden.RUNS, ids=lambda run: f"world{run[0]}-{run[1]}")

@@ -14,19 +14,8 @@ import numpy as np
 import pytest
 
 from launch import ckpt, config_sh, losses, rank_stop_line, run_command
-from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.training import checkpoint, start
-
-B_IDENTITIES = 40
-
-
-@pytest.fixture(scope="module")
-def set_b(tmp_path_factory):
-    """Synthetic set B: 40 identities x 8 images and 100 held-out pairs, drawn with another seed than A's."""
-    folder = tmp_path_factory.mktemp("set-b")
-    synthetic_set.generate(str(folder), B_IDENTITIES, 8, val_identities=25, val_pairs=100, seed=7)
-    return folder
 
 
 def b_run(set_b, output, *extra) -> list:

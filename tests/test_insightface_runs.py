@@ -1,0 +1,145 @@
+"""Starting from the files users have from InsightFace's MXNet code, written by that code itself
+(tests/insightface_files.py runs the copies in tests/third_party/insightface): its backbones as symbol files
+(--network), its model-zoo and Partial FC parameters (--pretrained), and the centers of a run of its MXNet
+Partial FC (--init_centers), continued here on another number of ranks.
+"""
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import insightface_files as theirs
+import symbols
+from launch import ckpt, config_sh, losses, rank_stop_line, run_command
+from mxnet_pfc.head.sampler import shard_range
+from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
+from mxnet_pfc.training import config as config_lib
+from mxnet_pfc.training import start
+
+SMALL = dict(net_input=0)      # their 7x7 stride-2 stem, a config field of both projects: ~4x cheaper on CPU
+
+
+def their_graphs(tmp_path) -> dict:
+    """{name: (symbol file, params prefix)} of each of their backbones as their code saves it."""
+    zoo_r18 = theirs.write_model_zoo(tmp_path / "zoo-r18" / "model", "fresnet", 128, 10, seed=1, num_layers=18)
+    zoo_mbf = theirs.write_model_zoo(tmp_path / "zoo-mbf" / "model", "fmobilefacenet", 128, 10, seed=2)
+    training = theirs.write_model_zoo(tmp_path / "zoo-training" / "model", "fmobilefacenet", 128, 10, seed=3,
+                                      ckpt_embedding=False)
+    run = theirs.write_partial_fc_run(tmp_path / "pfc", 10, 2, 128, seed=4)
+    return {"fresnet": (zoo_r18["symbol"], zoo_r18["prefix"]), "fmobilefacenet": (zoo_mbf["symbol"], zoo_mbf["prefix"]),
+            "fmobilefacenet-training": (training["symbol"], training["prefix"]),
+            "partial-fc-resnet": (run["symbol"], run["average_prefix"])}
+
+
+def test_their_backbones_are_networks_and_their_parameters_load_by_name(tmp_path):
+    """Each of their saved graphs is a --network whose width is read from it; its parameters fill it
+    completely under --pretrained. Their whole training graph (outputs blockgrad, softmax ...) gives its
+    fc1_output, and its fc7 head's weight is listed as not used."""
+    for name, (symbol_file, prefix) in their_graphs(tmp_path).items():
+        cfg = config_lib.make_config({"network": str(symbol_file), "dataset": "speed-1m", "num_classes": 10})
+        assert cfg.embedding_size == 128, name
+        symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, output=cfg.network_output)
+        assert symbol.list_outputs() == ["fc1_output"], name
+        pretrained = start.read_pretrained(prefix, symbol, (2, 3, 112, 112))
+        assert pretrained.initialised == (), name
+        assert pretrained.unused == (("fc7_weight",) if name == "fmobilefacenet-training" else ()), name
+        assert "pretrained backbone: " in pretrained.describe()
+
+
+def test_a_graph_that_is_not_an_embedding_is_refused_naming_why(tmp_path):
+    graphs = their_graphs(tmp_path)
+    training_graph = str(graphs["fmobilefacenet-training"][0])
+    with pytest.raises(ConfigError, match="depends on the label input.*softmax_label.*--network_output"):
+        config_lib.make_config({"network": training_graph, "network_output": "softmax", "dataset": "speed-1m", "num_classes": 10})
+    with pytest.raises(ConfigError, match="has no output 'fc9'"):
+        config_lib.make_config({"network": training_graph, "network_output": "fc9", "dataset": "speed-1m", "num_classes": 10})
+    with pytest.raises(ConfigError, match="embedding_size = 512: the graph of --network .* gives 128-d"):
+        config_lib.make_config({"network": training_graph, "embedding_size": 512, "dataset": "speed-1m", "num_classes": 10})
+    with pytest.raises(ConfigError, match="no such symbol file"):
+        config_lib.make_config({"network": str(tmp_path / "nowhere-symbol.json"), "dataset": "speed-1m", "num_classes": 10})
+    (tmp_path / "broken-symbol.json").write_text('{"nodes": [')
+    with pytest.raises(ConfigError, match="not an MXNet symbol file"):
+        config_lib.make_config({"network": str(tmp_path / "broken-symbol.json"), "dataset": "speed-1m", "num_classes": 10})
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_centers_of_their_partial_fc_re_shard_onto_any_world_size(tmp_path, world):
+    """Their 3-rank run of 10 classes (ceil split: 4, 4, 2 used + 2 unused rows) onto W ranks: rank r gets
+    exactly its classes' centers and momentum, never an unused row."""
+    run = theirs.write_partial_fc_run(tmp_path / "pfc", 10, 3, 8, seed=5)
+    for rank in range(world):
+        first, count = shard_range(10, rank, world)
+        got = start.read_centers(str(run["folder"]), 10, 8, 1, first, count)
+        assert "InsightFace Partial FC run" in got.source and "(3 rank(s))" in got.source
+        assert np.array_equal(got.centers, run["centers"][first:first + count])
+        assert np.array_equal(got.momentum, run["momentum"][first:first + count])
+
+
+def test_their_centers_for_another_class_count_or_width_are_refused_naming_both(tmp_path):
+    run = theirs.write_partial_fc_run(tmp_path / "pfc", 10, 3, 8, seed=5)
+    folder = str(run["folder"])
+    with pytest.raises(CheckpointError, match=r"its 3 ranks hold 4 rows each, which fits a run of 9\.\.12 classes; "
+                                              r"this run has num_classes = 13"):
+        start.read_centers(folder, 13, 8, 1, 0, 13)
+    with pytest.raises(CheckpointError, match="8-d, this run's embedding_size is 16"):
+        start.read_centers(folder, 10, 16, 1, 0, 10)
+    run["momentum_files"][1].unlink()
+    with pytest.raises(CheckpointError, match="incomplete.*missing 1_centers_mom.param"):
+        start.read_centers(folder, 10, 8, 1, 0, 10)
+
+
+def b_run(set_b, output, *extra) -> list:
+    return ["--dataset", "synthetic", "--rec", set_b / "train.rec", "--val_targets", set_b / "val.bin",
+            "--batch_size", 4, "--lr_base_batch", 8, "--warmup_epochs", 0, "--frequent", 1, "--verbose", 1000,
+            "--output", output, *extra]
+
+
+def verified(model, bin_file, tmp_path) -> float:
+    report = tmp_path / "verify.json"
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.verify", model, bin_file, "--json", report], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return json.loads(report.read_text())["val"]["accuracy"]
+
+
+def test_a_run_of_their_partial_fc_continues_here_on_another_number_of_ranks(set_b, tmp_path):
+    """Their 3-rank run (resnet-18 backbone, 40 classes) goes on here on 2 ranks: its symbol file as the
+    network, its model_average as the backbone (verification at step 0 equals `mxnet_pfc.verify` of their
+    files), its centers re-sharded; the run trains, exports, and resumes bit for bit from its checkpoint."""
+    run = theirs.write_partial_fc_run(tmp_path / "theirs", 40, 3, 128, seed=6, **SMALL)
+    theirs_on_b = verified(run["average_prefix"], set_b / "val.bin", tmp_path)
+    output = tmp_path / "here"
+    options = b_run(set_b, output, "--network", run["symbol"], "--pretrained", run["average_prefix"],
+                    "--init_centers", run["folder"], "--max_update", 4, "--save_interval", 2)
+    proc = run_command(config_sh(*options, "--val_at_start", "true"), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert f"class centers and their momentum from InsightFace Partial FC run {run['folder']} (3 rank(s))" \
+        in proc.stdout
+    loaded = [line for line in proc.stdout.splitlines() if "pretrained backbone:" in line]
+    assert loaded and "initialised at random" not in loaded[0], loaded
+    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
+    assert [r["val/val/accuracy"] for r in records if r["step"] == 0 and "val/val/accuracy" in r] == [theirs_on_b]
+    assert (output / "model-symbol.json").exists()
+    centers = np.concatenate([np.load(ckpt(output / "checkpoints", 4) / f"centers-rank{r:05d}.npy")
+                              for r in range(2)])
+    assert centers.shape == (40, 128)
+
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    first = ckpt(output / "checkpoints", 2)
+    (resumed / "checkpoints" / first.name).symlink_to(first)
+    proc = run_command(config_sh(*b_run(set_b, resumed, "--network", run["symbol"], "--max_update", 4,
+                                        "--save_interval", 2, "--resume", "latest")), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert {step: loss for step, loss in losses(output).items() if step > 2} == losses(resumed)
+
+
+def test_a_starting_point_of_theirs_that_does_not_fit_stops_both_ranks(set_b, tmp_path):
+    """Their centers for 30 classes on B's 40: named on both ranks before step 1."""
+    run = theirs.write_partial_fc_run(tmp_path / "theirs", 30, 3, 128, seed=6)
+    proc = run_command(config_sh(*b_run(set_b, tmp_path / "run", "--init_centers", run["folder"],
+                                        "--max_update", 2)), timeout=300)
+    assert proc.returncode != 0
+    for rank in range(2):
+        assert "this run has num_classes = 40" in rank_stop_line(proc.stdout, rank), proc.stdout[-3000:]
+    assert "step 1/" not in proc.stdout
