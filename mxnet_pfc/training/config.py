@@ -60,6 +60,8 @@ class Config:
     dropout: float = 0.0
     fp16: bool = False
     pretrained: str = ""
+    teacher: str = ""
+    distill_weight: float = 1.0
     # ---- head
     loss: str = "arcface"
     margin_s: float = margin.preset_params("arcface")["s"]
@@ -218,6 +220,10 @@ FIELD_HELP = {
     "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
                                       "a negative class whose cosine with a sample exceeds this counts as cosine 0 "
                                       "and gets no gradient; 0 = off, 0.4 is the published choice.",
+    "teacher": "Distil from this frozen model (PREFIX[,EPOCH], a checkpoint or a run's output folder: any MXNet "
+               "model embedding the same 3 x 112 x 112 faces): the loss adds distill_weight x mean(1 - cos(student, "
+               "teacher)), through a learned projection when the widths differ; '' none.",
+    "distill_weight": "Weight of the distillation term (with --teacher).",
     "init_centers": "Starting class centers: random; imprint (each class's normalised mean embedding of its "
                     "training images under the starting backbone, one pass over the set before step 1); or a "
                     "FOLDER holding centers and momentum: a checkpoint of this project (any world size) or an "
@@ -383,6 +389,9 @@ def validate(config: Config) -> None:
             "InsightFace's MXNet Partial FC); no such folder")
     require(config.init_centers != "imprint" or config.rec or config.images, "init_centers",
             "imprint embeds the training images: it needs --rec or --images (not dummy data)")
+    require(config.distill_weight > 0 or not config.teacher, "distill_weight",
+            "must be positive with --teacher (leave --teacher out to train without one)")
+    require(config.distill_weight >= 0, "distill_weight", "must be non-negative")
     require(config.freeze_backbone_steps >= 0, "freeze_backbone_steps", "must be non-negative (0: no freeze)")
     require(not (config.rec and config.images), "images",
             f"--images and --rec ({config.rec!r}) name two training sets: give one")

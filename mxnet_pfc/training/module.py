@@ -21,8 +21,9 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc.data.faces import FACE_SIZE
-from mxnet_pfc.head.partial_fc import PartialFC
+from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC
 from mxnet_pfc.runtime import comm
+from mxnet_pfc.training import distill
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,25 @@ class PartialFCModule:
 
     def __init__(self, symbol: mx.sym.Symbol, head: PartialFC, batch_size: int, ctx: mx.Context,
                  momentum: float = 0.9, weight_decay: float = 5e-4, fp16: bool = False,
-                 image_size: int = FACE_SIZE, grad_accum: int = 1):
+                 image_size: int = FACE_SIZE, grad_accum: int = 1, teacher: "distill.Teacher | None" = None,
+                 distill_weight: float = 0.0):
         if int(grad_accum) != grad_accum or grad_accum < 1:
             raise ValueError(f"grad_accum must be a positive integer, got {grad_accum}")
         self.head, self.ctx, self.batch_size, self.grad_accum = head, ctx, batch_size, int(grad_accum)
         self.data_shape = (batch_size, 3, image_size, image_size)
-        self.module = mx.mod.Module(symbol, data_names=["data"], label_names=None, context=ctx)
-        self.module.bind(data_shapes=[("data", self.data_shape)], for_training=True,
+        data_shapes = [("data", self.data_shape)]
+        self.teacher, self.distill_weight, self.distill_cosine = None, float(distill_weight), float("nan")
+        if teacher is not None:         # the student's graph gains the distillation term; the teacher embeds
+            width = head.embedding_size
+            samples = batch_size * comm.size() * self.grad_accum      # of the step's mean loss
+            symbol = distill.training_symbol(symbol, width, teacher.width, self.distill_weight / samples)
+            data_shapes.append((distill.TEACHER_INPUT, (batch_size, teacher.width)))
+            self.teacher = mx.mod.Module(teacher.symbol, data_names=["data"], label_names=None, context=ctx)
+            self.teacher.bind(data_shapes=[("data", self.data_shape)], for_training=False)
+            self.teacher.set_params(teacher.arg_params, teacher.aux_params, force_init=True)
+        self.module = mx.mod.Module(symbol, data_names=[name for name, _ in data_shapes], label_names=None,
+                                    context=ctx)
+        self.module.bind(data_shapes=data_shapes, for_training=True,
                          grad_req="add" if self.grad_accum > 1 else "write")
         self.module.init_params(mx.init.Xavier(rnd_type="gaussian", factor_type="out", magnitude=2))
         # rank 0's initial backbone on every rank (a distributed touch-point)
@@ -82,7 +95,7 @@ class PartialFCModule:
         comm.broadcast_parameters(arg_params)
         comm.broadcast_parameters(aux_params)
         self.module.set_params(arg_params, aux_params, force_init=True)
-        param_names = [n for n in symbol.list_arguments() if n != "data"]
+        param_names = [n for n in symbol.list_arguments() if n not in ("data", distill.TEACHER_INPUT)]
         # Horovod averages gradients over ranks; each rank's gradient is its share of
         # the global mean loss's gradient, so the sum is wanted: rescale by world size.
         sgd = mx.optimizer.SGD(learning_rate=head.lr, momentum=momentum, wd=weight_decay,
@@ -120,23 +133,39 @@ class PartialFCModule:
         K, B = self.grad_accum, self.batch_size
         if data.shape[0] != K * B or len(labels) != K * B:
             raise ValueError(f"a step takes {K} x {B} images and labels, got {data.shape[0]} and {len(labels)}")
-        losses = []
+        losses, cosines = [], []
         for k in range(K):
             part = data if K == 1 else data[k * B:(k + 1) * B]
-            self.module.forward(mx.io.DataBatch([part]), is_train=train_backbone)
-            embeddings = self.module.get_outputs()[0]
+            inputs = [part]
+            if self.teacher is not None:
+                self.teacher.forward(mx.io.DataBatch([part]), is_train=False)
+                inputs.append(self.teacher.get_outputs()[0])
+                mark("teacher")
+            self.module.forward(mx.io.DataBatch(inputs), is_train=train_backbone)
+            outputs = self.module.get_outputs()
+            embeddings = outputs[0]
             mark("forward")
             loss, grad = self.head.forward_backward(embeddings, labels[k * B:(k + 1) * B], K,
                                                     update=k == K - 1)     # collectives; host sync for loss
+            if self.teacher is not None:       # the distillation term of the global mean (one more allreduce)
+                total = comm.allreduce(mx.nd.sum(outputs[1]).reshape((1,)), name="distill.loss").asscalar()
+                distance = total / (B * comm.size())
+                if not np.isfinite(distance):       # the same on every rank: all stop here, before the backbone moves
+                    raise NonFiniteLossError(f"the distillation term is {distance} (the teacher's or the student's "
+                                             "embeddings are not finite)")
+                loss += self.distill_weight * distance
+                cosines.append(1.0 - distance)
             losses.append(loss)
             mark("head")
             if train_backbone:
-                self.module.backward(out_grads=[grad])       # adds to the held gradients when K > 1
+                self.module.backward(out_grads=[grad] + ([mx.nd.ones_like(outputs[1])] if self.teacher else []))
             mark("backward")
         if train_backbone:
             self.module.update()                             # allreduce of backbone grads, once per step
             self._clear_gradients()
         mark("update")
+        if cosines:
+            self.distill_cosine = float(np.mean(cosines))      # the student's mean cosine to the teacher
         return float(np.mean(losses))                   # micro-batches of equal size: the mean over K x N
 
     def get_params(self):
@@ -170,6 +199,8 @@ class PartialFCModule:
         grouped: "dict[int, dict[int, mx.nd.NDArray]]" = {}      # parameter index: {part (-1: whole): array}
         for key, array in arrays.items():
             name, _, part = key.partition("#")
+            if name not in shapes and distill.is_distillation_param(name):
+                continue        # a checkpoint of a distilled run, resumed without its teacher
             if name not in shapes or (part and not part.isdigit()):
                 raise ValueError(f"{source}: optimizer state {key!r} is not for a parameter of this network")
             if array.shape != shapes[name]:
@@ -178,7 +209,8 @@ class PartialFCModule:
             if array.dtype not in (np.float32, np.float16):
                 raise ValueError(f"{source}: optimizer state {key!r} is {np.dtype(array.dtype).name}, not float")
             grouped.setdefault(names.index(name), {})[int(part) if part else -1] = array
-        missing = [name for index, name in enumerate(names) if index not in grouped]
+        missing = [name for index, name in enumerate(names)      # a new projection's state starts afresh
+                   if index not in grouped and not distill.is_distillation_param(name)]
         if grouped and missing:         # SGD keeps a state for every parameter (or none, without momentum)
             raise ValueError(f"{source}: no optimizer state for {len(missing)} of the {len(names)} parameters "
                              f"({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 from mxnet_pfc.runtime.run_folder import RunFolder
-from mxnet_pfc.training import checkpoint
+from mxnet_pfc.training import checkpoint, distill
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training.checkpoint import CheckpointError
 
@@ -30,16 +30,20 @@ class Resume:
     epoch: int
     changes: "tuple[str, ...]" = ()    # what differs from the checkpoint's run, and what the resume does about it
     margin_state: "dict | None" = None  # the margin's running statistics to continue (None: start afresh)
+    projection: "mx.nd.NDArray | None" = None   # the distillation's learned projection to continue (None: afresh)
 
 
 def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int, global_batch: int,
-         num_images: int) -> Resume:
-    """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes."""
+         num_images: int, projection: bool = False) -> Resume:
+    """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes.
+    `projection`: whether this run learns a distillation projection (distill.py), which a checkpoint of
+    a distilled run holds beside the backbone."""
     path = checkpoint.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
     state = checkpoint.read_state(path)
     margin = config_lib.margin_of(cfg)
     checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network, margin.subcenters)
     arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
+    saved_projection = arg_params.pop(distill.PROJECTION_WEIGHT, None)
     arg_shapes, _, aux_shapes = symbol.infer_shape(data=(cfg.batch_size, 3, cfg.image_size, cfg.image_size))
     checkpoint.check_params(arg_params, {n: s for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"},
                             path, cfg.network)
@@ -47,7 +51,14 @@ def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int
     step, epoch = checkpoint.resume_position(state, steps_per_epoch, global_batch)
     changes = describe_changes(state, path, cfg.seed, world, steps_per_epoch, global_batch, num_images, step)
     margin_state, margin_change = margin_state_to_continue(state, path, cfg.loss, margin)
-    return Resume(path, state, arg_params, aux_params, step, epoch, changes + margin_change, margin_state)
+    projection_change = ()
+    if projection and saved_projection is None:
+        projection_change = ("the distillation's projection starts afresh (the checkpoint holds none)",)
+    elif saved_projection is not None and not projection:
+        projection_change = ("the checkpoint's distillation projection is left out: this run has no projection",)
+        saved_projection = None
+    return Resume(path, state, arg_params, aux_params, step, epoch, changes + margin_change + projection_change,
+                  margin_state, saved_projection)
 
 
 def margin_state_to_continue(state: dict, path: str, loss: str, margin) -> "tuple[dict | None, tuple[str, ...]]":
@@ -110,7 +121,12 @@ def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_ep
 def restore(resume: Resume, module, head) -> None:
     """Backbone, its optimizer state, this rank's centers and momentum and the margin's running statistics,
     from the checkpoint."""
-    module.set_params(resume.arg_params, resume.aux_params)
+    arg_params = dict(resume.arg_params)
+    current = module.get_params()[0]
+    if distill.PROJECTION_WEIGHT in current:        # the saved projection, or this run's fresh one
+        fits = resume.projection is not None and resume.projection.shape == current[distill.PROJECTION_WEIGHT].shape
+        arg_params[distill.PROJECTION_WEIGHT] = resume.projection if fits else current[distill.PROJECTION_WEIGHT]
+    module.set_params(arg_params, resume.aux_params)
     checkpoint.load_optimizer_state(resume.path, module)
     head.bank.load(resume.path, resume.state["shards"])
     if resume.margin_state:

@@ -33,7 +33,7 @@ from mxnet_pfc.models.inference import float32_params, inference_symbol
 from mxnet_pfc.runtime import comm, device, logs, run_lock, run_records, seeding, stops, watchdog
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import RunFolder
-from mxnet_pfc.training import checkpoint, output_folder
+from mxnet_pfc.training import checkpoint, distill, output_folder
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
 from mxnet_pfc.training import start as start_lib
@@ -57,6 +57,7 @@ class Setup:
     schedule: LRSchedule
     resume: "resume_lib.Resume | None"
     start: "start_lib.Start | None"        # a fresh run's pretrained backbone and initial centers
+    teacher: "distill.Teacher | None"
 
 
 def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
@@ -85,8 +86,10 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
                          steps_per_epoch=steps_in_epoch(num_images, cfg.batch_size, world, cfg.grad_accum),
                          micro_batches=cfg.grad_accum)
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16, cfg.network_output)
-    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world), num_images)
-              if cfg.resume else None)
+    teacher = distill.read_teacher(cfg.teacher, cfg.image_size) if cfg.teacher else None
+    projection = teacher is not None and teacher.width != cfg.embedding_size
+    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world), num_images,
+                              projection) if cfg.resume else None)
     start = (start_lib.read_start(cfg, rank, world, symbol, config_lib.margin_of(cfg).subcenters)
              if resume is None else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
@@ -97,16 +100,17 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
         evaluation = TrainingEvaluation(cfg.val_targets, cfg.ijb_targets, eval_symbol, ctx, cfg.val_batch_size,
                                         cfg.image_size)
     data.seek(resume.step if resume else 0)
-    return Setup(cfg, ctx, data, symbol, evaluation, plan, schedule, resume, start)
+    return Setup(cfg, ctx, data, symbol, evaluation, plan, schedule, resume, start, teacher)
 
 
-def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol):
+def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol,
+                      teacher: "distill.Teacher | None" = None):
     """The head and the module: their constructors run collectives (checks, broadcast)."""
     head = PartialFC(config_lib.margin_of(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx,
                      lr=schedule(0), momentum=cfg.momentum, wd=cfg.weight_decay,
                      interclass_filtering_threshold=cfg.interclass_filtering_threshold)
     module = PartialFCModule(symbol, head, cfg.batch_size, ctx, cfg.momentum, cfg.weight_decay, cfg.fp16,
-                             cfg.image_size, cfg.grad_accum)
+                             cfg.image_size, cfg.grad_accum, teacher, cfg.distill_weight)
     return head, module
 
 
@@ -163,8 +167,10 @@ def train(cfg: config_lib.Config) -> dict:
                          + config_lib.describe(cfg))
         start_step = resume.step if resume is not None else 0
         seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
-        head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol)
+        head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol, setup.teacher)
         log.info(f"{head}; log file {log_path}")
+        if setup.teacher is not None:
+            log.info(distill.describe(setup.teacher, cfg.embedding_size, cfg.distill_weight))
         if resume is not None:
             with comm.fail_together("resuming"), watchdog.working("resuming"):
                 resume_lib.restore(resume, module, head)
@@ -288,7 +294,8 @@ class Trainer:
                            samples_per_sec=figures["samples_per_sec"],
                            data_wait_fraction=figures["data_wait_fraction"],
                            **{f"phase/{name}": share for name, share in figures["phases"].items()},
-                           **{f"margin/{name}": value for name, value in self.head.margin.state().items()})
+                           **{f"margin/{name}": value for name, value in self.head.margin.state().items()},
+                           **({"distill/cosine": self.module.distill_cosine} if self.setup.teacher else {}))
 
     def verify(self, step: int, params=None) -> dict:
         """Rank 0: the verification report of `params` (default: rank 0's current backbone).
