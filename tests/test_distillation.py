@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from launch import ckpt, config_sh, rank_stop_line, run_command
+from mxnet_pfc.runtime.errors import ConfigError
 from mxnet_pfc.training import distill
 
 
@@ -85,19 +86,20 @@ def test_a_student_moves_towards_its_teacher_and_a_resume_continues_the_projecti
 
 
 def test_a_teacher_that_does_not_fit_stops_both_ranks_before_the_first_step(set_b, tmp_path):
-    """A teacher trained on 96 x 96 faces (its parameters are for that input) and a missing teacher: named on
-    both ranks."""
+    """A teacher trained on 96 x 96 faces (its parameters are for that input) is named on both ranks; a
+    missing teacher is named by setup's reading."""
     data = mx.sym.Variable("data")
     symbol = mx.sym.FullyConnected(mx.sym.flatten(data), num_hidden=8, name="fc")
     mx.model.save_checkpoint(str(tmp_path / "small"), 0, symbol,
                              {"fc_weight": mx.nd.zeros((8, 3 * 96 * 96)), "fc_bias": mx.nd.zeros((8,))}, {})
-    for teacher, expected in ((tmp_path / "small", "are for another input than 3 x 112 x 112 faces: fc_weight "
-                                                    "(8, 27648), at this input (8, 37632)"),
-                              (tmp_path / "missing", "no model there")):
-        proc = run_command(config_sh(*b_run(set_b, tmp_path / "run", "--teacher", teacher, "--max_update", 2)),
-                           timeout=300)
-        assert proc.returncode != 0
-        for rank in range(2):
-            line = rank_stop_line(proc.stdout, rank)
-            assert f"teacher = '{teacher}'" in line and expected in line, proc.stdout[-3000:]
-        assert "step 1/" not in proc.stdout
+    with pytest.raises(ConfigError, match=f"teacher = '{tmp_path}/missing': .*no model there"):
+        distill.read_teacher(str(tmp_path / "missing"), 112)
+    teacher = tmp_path / "small"
+    proc = run_command(config_sh(*b_run(set_b, tmp_path / "run", "--teacher", teacher, "--max_update", 2)),
+                       timeout=300)
+    assert proc.returncode != 0
+    for rank in range(2):
+        line = rank_stop_line(proc.stdout, rank)
+        expected = "are for another input than 3 x 112 x 112 faces: fc_weight (8, 27648), at this input (8, 37632)"
+        assert f"teacher = '{teacher}'" in line and expected in line, proc.stdout[-3000:]
+    assert "step 1/" not in proc.stdout

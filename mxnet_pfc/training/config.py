@@ -191,7 +191,8 @@ FIELD_HELP = {
     "pretrained": "Start the backbone from MXNet parameters, matched by name and shape: PREFIX[,EPOCH] "
                   "(PREFIX-EPOCH.params, InsightFace's model-0000.params layout), a checkpoint folder or a run's "
                   "output folder; '' initialises at random. Ignored when resuming.",
-    "embedding_size": "Length of the face embedding (the backbone's output features).",
+    "embedding_size": "Length of the face embedding (the backbone's output features); with a symbol file as "
+                      "--network, 0 reads it from the graph.",
     "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
     "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
     "loss": "The loss (docs/losses.md); sets margin_s and the fields of its own parameters (margin_m1..m3 for "
@@ -317,8 +318,8 @@ def make_config(overrides: "dict | None" = None) -> Config:
     values = {name: f.default for name, f in known.items()}
     for preset_field, table in PRESET_FIELDS.items():      # a dataset preset may choose the network and loss
         name = overrides.get(preset_field, values[preset_field])
-        if preset_field == "network" and symbols.is_symbol_file(name):
-            table = {name: dict(network=name, embedding_size=_file_embedding_size(name, overrides))}
+        if preset_field == "network" and symbols.is_symbol_file(name):   # its width is read at start-up
+            table = {name: dict(network=name, embedding_size=0)}
         if name not in table:
             raise ConfigError(f"unknown {preset_field} {name!r}; choose one of: {', '.join(table)}")
         preset = table[name]
@@ -357,19 +358,6 @@ def make_config(overrides: "dict | None" = None) -> Config:
     return config
 
 
-def _file_embedding_size(network: str, overrides: dict) -> int:
-    """The embedding width of symbol file `network`; a differing --embedding_size is refused, naming both."""
-    try:
-        width = symbols.embedding_width(symbols.load_symbol_file(network, overrides.get("network_output", "")),
-                                        network)
-    except ValueError as error:
-        raise ConfigError(f"network = {network!r}: {error}") from None
-    if overrides.get("embedding_size", width) != width:
-        raise ConfigError(f"embedding_size = {overrides['embedding_size']!r}: the graph of --network {network} "
-                          f"gives {width}-d embeddings")
-    return width
-
-
 INIT_CENTERS = ("random", "imprint")     # or the path of a folder holding centers
 
 
@@ -384,9 +372,9 @@ def validate(config: Config) -> None:
             "names an output of a symbol file given as --network; the registered networks have one")
     require(not (symbols.is_symbol_file(config.network) and (config.fp16 or config.dropout)), "network",
             "a symbol file is trained as written: no --dropout, no --fp16 (build them into the graph)")
-    require(config.init_centers in INIT_CENTERS or os.path.isdir(config.init_centers), "init_centers",
+    require(config.init_centers not in ("", "none"), "init_centers",
             f"one of {', '.join(INIT_CENTERS)}, or a folder holding centers (a checkpoint, or an output folder of "
-            "InsightFace's MXNet Partial FC); no such folder")
+            "InsightFace's MXNet Partial FC)")
     require(config.init_centers != "imprint" or config.rec or config.images, "init_centers",
             "imprint embeds the training images: it needs --rec or --images (not dummy data)")
     require(config.distill_weight > 0 or not config.teacher, "distill_weight",
@@ -399,7 +387,8 @@ def validate(config: Config) -> None:
             "must be at least 1 (0, read from the set, needs --rec or --images)")
     require(AUTO_VAL not in config.val_targets or (len(config.val_targets) == 1 and (config.rec or config.images)),
             "val_targets", f"{AUTO_VAL!r} (the .bin files beside your set) stands alone and needs --rec or --images")
-    require(config.embedding_size >= 1, "embedding_size", "must be at least 1")
+    require(config.embedding_size >= 1 or (config.embedding_size == 0 and symbols.is_symbol_file(config.network)),
+            "embedding_size", "must be at least 1 (0, read from the graph, needs a symbol file as --network)")
     require(config.batch_size >= 1, "batch_size", "must be at least 1")
     require(0.0 < config.sample_rate <= 1.0, "sample_rate", "must be in (0, 1]")
     require(0.0 <= config.interclass_filtering_threshold <= 1.0, "interclass_filtering_threshold",

@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import dataclass
 
+import symbols
 from mxnet_pfc.data.iterators import count_classes, stated_classes
 from mxnet_pfc.training import config as config_lib
 
@@ -48,7 +49,7 @@ def global_batch(cfg: config_lib.Config, world: int) -> int:
 def resolve_config(cfg: config_lib.Config, world: int, index=None) -> config_lib.Config:
     """The configuration completed from the data (num_classes, val_targets 'auto') and checked against
     the world size. `index` is the data.folders.FolderIndex of --images."""
-    cfg = resolve_classes(cfg, index)
+    cfg = resolve_classes(resolve_network(cfg), index)
     if cfg.val_targets == (config_lib.AUTO_VAL,):
         folder = cfg.images or os.path.dirname(cfg.rec) or "."
         found = tuple(sorted(glob.glob(os.path.join(glob.escape(folder), "*.bin"))))
@@ -59,6 +60,21 @@ def resolve_config(cfg: config_lib.Config, world: int, index=None) -> config_lib
         raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} is below the number of ranks ({world}): "
                                      f"every rank must own at least one class; use at most {cfg.num_classes} ranks")
     return cfg
+
+
+def resolve_network(cfg: config_lib.Config) -> config_lib.Config:
+    """A symbol file's embedding width: read from its graph (embedding_size 0), or a given one checked
+    against it; the file's problems (missing, not a graph, not an embedding) named."""
+    if not symbols.is_symbol_file(cfg.network):
+        return cfg
+    try:
+        width = symbols.embedding_width(symbols.load_symbol_file(cfg.network, cfg.network_output), cfg.network)
+    except ValueError as error:
+        raise config_lib.ConfigError(f"network = {cfg.network!r}: {error}") from None
+    if cfg.embedding_size not in (0, width):
+        raise config_lib.ConfigError(f"embedding_size = {cfg.embedding_size}: the graph of --network {cfg.network} "
+                                     f"gives {width}-d embeddings")
+    return dataclasses.replace(cfg, embedding_size=width)
 
 
 def resolve_classes(cfg: config_lib.Config, index=None) -> config_lib.Config:

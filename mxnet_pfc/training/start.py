@@ -87,6 +87,8 @@ def read_start(cfg, rank: int, world: int, symbol: mx.sym.Symbol, subcenters: in
         if cfg.pretrained else None
     centers = None
     if cfg.init_centers not in ("random", "imprint"):
+        if not os.path.isdir(cfg.init_centers):
+            raise ConfigError(f"init_centers = {cfg.init_centers!r}: not random or imprint, and no such folder")
         start, count = shard_range(cfg.num_classes, rank, world)
         centers = read_centers(cfg.init_centers, cfg.num_classes, cfg.embedding_size, subcenters, start, count)
     if cfg.init_centers == "imprint" and subcenters > 1:
