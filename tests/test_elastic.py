@@ -219,7 +219,8 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
     """--start_over over a finished run: the first launch moves it aside and starts afresh; after a lost rank
     the relaunch resumes the new run (it used to pass --start_over and --resume together, a configuration
     error that ended the supervision). The new run starts from the earlier run's backbone and centers
-    (--pretrained, --init_centers); the relaunch continues its own checkpoint instead, and says so."""
+    (--pretrained, --init_centers) and distils it (--teacher); the relaunch continues its own checkpoint
+    instead of the starting point, and says so."""
     data, earlier = reference
     output, hosts = tmp_path / "run", tmp_path / "hosts.txt"
     shutil.copytree(earlier, output)
@@ -228,7 +229,8 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
                                     "--discovery-interval", 1, "--"]
                          + tiny_synthetic_run(data, output, "--max_update", 48, "--save_interval", 6,
                                               "--frequent", 1, "--verbose", 1000, "--start_over", "true",
-                                              "--pretrained", earlier, "--init_centers", earlier))
+                                              "--pretrained", earlier, "--init_centers", earlier,
+                                              "--teacher", earlier))
     # any checkpoint of the new run will do (the earlier run's newest holds 480 samples); 42 steps after the
     # first one leave the test time to act on a loaded machine
     kill_rank_1_once(output, proc, lambda newest: newest.samples_seen < 480, "the new run's first checkpoint")
@@ -244,6 +246,7 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
     log = (output / "logs" / "rank0.log").read_text()
     assert "pretrained backbone: " in log and "class centers and their momentum from checkpoint" in log
     assert "--pretrained and --init_centers are not used: a resumed run continues its checkpoint" in log
+    assert log.count("distillation: teacher ") == 2 and all("distill/cosine" in r for r in records if "loss" in r)
 
 
 # Stands in for horovodrun whose job fails at once, before its trainer writes anything; meanwhile a run
