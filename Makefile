@@ -5,7 +5,7 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup test lint run run-head bench bench-losses bench-train clean-venv
+.PHONY: setup test lint run run-head bench bench-losses bench-train bench-finetune clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -34,6 +34,9 @@ bench-losses: setup          ## each margin loss's head step beside ArcFace's, s
 bench-train: setup           ## the trainer's step beside its parts alone (backbone; head), $(NP) ranks, dummy data
 	OMP_NUM_THREADS=1 MXNET_OMP_MAX_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
 		$(PY) benchmarks/bench_train.py --json benchmarks/results/train.jsonl $(ARGS)
+
+bench-finetune: setup        ## issue 25's figures: model A fine-tuned on another synthetic set, a 64-d student distilled from it
+	NP=$(NP) bash benchmarks/fine_tune.sh $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
