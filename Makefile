@@ -35,7 +35,7 @@ bench-train: setup           ## the trainer's step beside its parts alone (backb
 	OMP_NUM_THREADS=1 MXNET_OMP_MAX_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
 		$(PY) benchmarks/bench_train.py --json benchmarks/results/train.jsonl $(ARGS)
 
-bench-finetune: setup        ## issue 25's figures: model A fine-tuned on another synthetic set, a 64-d student distilled from it
+bench-finetune: setup        ## fine-tuning a trained model on another synthetic set, and a 64-d student distilled from it (docs/starting-points.md)
 	NP=$(NP) bash benchmarks/fine_tune.sh $(ARGS)
 
 clean-venv:

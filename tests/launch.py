@@ -84,6 +84,14 @@ def small_synthetic_run(tmp, *extra) -> list:
             "--output", tmp / "run", *extra]
 
 
+def own_set_run(data, output, *extra) -> list:
+    """Trainer options for a seconds-long run on a set read as a user's own (conftest.set_b: nothing is
+    generated), logging every step and verifying on its val.bin at the end only."""
+    return ["--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
+            "--batch_size", 16, "--lr_base_batch", 32, "--warmup_epochs", 0.1, "--frequent", 1, "--verbose", 1000,
+            "--output", output, *extra]
+
+
 # (sample rate, batch size, grad_accum) of the session's learning run (conftest.learned)
 LEARNED_RUN = (1.0, 16, 1)
 

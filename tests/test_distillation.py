@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from launch import ckpt, config_sh, rank_stop_line, run_command
+from launch import ckpt, config_sh, own_set_run, rank_stop_line, run_command
 from mxnet_pfc.runtime.errors import ConfigError
 from mxnet_pfc.training import distill
 
@@ -44,12 +44,6 @@ def test_the_distillation_term_and_its_gradients_match_a_float64_computation(stu
         np.testing.assert_allclose(grads["s"].asnumpy(), d_u, rtol=1e-4, atol=1e-6)
 
 
-def b_run(set_b, output, *extra) -> list:
-    return ["--dataset", "synthetic", "--rec", set_b / "train.rec", "--val_targets", set_b / "val.bin",
-            "--batch_size", 16, "--lr_base_batch", 32, "--warmup_epochs", 0.1, "--frequent", 1, "--verbose", 1000,
-            "--output", output, *extra]
-
-
 def distill_records(output) -> dict:
     records = [json.loads(line) for line in open(output / "metrics.jsonl")]
     return {r["step"]: (r["loss"], r["distill/cosine"]) for r in records if "loss" in r}
@@ -63,7 +57,7 @@ def test_a_student_moves_towards_its_teacher_and_a_resume_continues_the_projecti
     output = tmp_path / "student"
     options = ("--teacher", teacher, "--distill_weight", 10, "--embedding_size", 64, "--max_update", 20,
                "--save_interval", 10)
-    proc = run_command(config_sh(*b_run(set_b, output, *options)), timeout=600)
+    proc = run_command(config_sh(*own_set_run(set_b, output, *options)), timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "learned 64 -> 128 projection" in proc.stdout and "| data wait" in proc.stdout
     assert " teacher " in next(line for line in proc.stdout.splitlines() if "step 1/20" in line)
@@ -80,7 +74,7 @@ def test_a_student_moves_towards_its_teacher_and_a_resume_continues_the_projecti
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
     (resumed / "checkpoints" / ckpt(output / "checkpoints", 10).name).symlink_to(ckpt(output / "checkpoints", 10))
-    proc = run_command(config_sh(*b_run(set_b, resumed, *options, "--resume", "latest")), timeout=600)
+    proc = run_command(config_sh(*own_set_run(set_b, resumed, *options, "--resume", "latest")), timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert distill_records(resumed) == {step: value for step, value in records.items() if step > 10}
 
@@ -95,7 +89,7 @@ def test_a_teacher_that_does_not_fit_stops_both_ranks_before_the_first_step(set_
     with pytest.raises(ConfigError, match=f"teacher = '{tmp_path}/missing': .*no model there"):
         distill.read_teacher(str(tmp_path / "missing"), 112)
     teacher = tmp_path / "small"
-    proc = run_command(config_sh(*b_run(set_b, tmp_path / "run", "--teacher", teacher, "--max_update", 2)),
+    proc = run_command(config_sh(*own_set_run(set_b, tmp_path / "run", "--teacher", teacher, "--max_update", 2)),
                        timeout=300)
     assert proc.returncode != 0
     for rank in range(2):

@@ -11,7 +11,7 @@ import pytest
 
 import insightface_files as theirs
 import symbols
-from launch import ckpt, config_sh, losses, rank_stop_line, run_command
+from launch import ckpt, config_sh, losses, own_set_run, rank_stop_line, run_command
 from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
@@ -20,6 +20,7 @@ from mxnet_pfc.training import start
 from mxnet_pfc.training.run_plan import resolve_config
 
 SMALL = dict(net_input=0)      # their 7x7 stride-2 stem, a config field of both projects: ~4x cheaper on CPU
+CHEAP = ("--batch_size", 4, "--lr_base_batch", 8, "--warmup_epochs", 0)     # their resnet-18 on 2 CPU ranks
 
 
 def configure(fields: dict):
@@ -97,12 +98,6 @@ def test_their_centers_for_another_class_count_or_width_are_refused_naming_both(
         start.read_centers(folder, 10, 8, 1, 0, 10)
 
 
-def b_run(set_b, output, *extra) -> list:
-    return ["--dataset", "synthetic", "--rec", set_b / "train.rec", "--val_targets", set_b / "val.bin",
-            "--batch_size", 4, "--lr_base_batch", 8, "--warmup_epochs", 0, "--frequent", 1, "--verbose", 1000,
-            "--output", output, *extra]
-
-
 def verified(model, bin_file, tmp_path) -> float:
     report = tmp_path / "verify.json"
     proc = run_command([sys.executable, "-m", "mxnet_pfc.verify", model, bin_file, "--json", report], timeout=300)
@@ -119,9 +114,9 @@ def test_a_run_of_their_partial_fc_continues_here_on_another_number_of_ranks(set
     synthetic_set.write_verification_set(str(pairs), 10, 20, seed=11)
     theirs_on_b = verified(run["average_prefix"], pairs, tmp_path)
     output = tmp_path / "here"
-    options = b_run(set_b, output, "--network", run["symbol"], "--pretrained", run["average_prefix"],
-                    "--init_centers", run["folder"], "--max_update", 4, "--save_interval", 2,
-                    "--val_targets", pairs)
+    options = own_set_run(set_b, output, *CHEAP, "--network", run["symbol"], "--pretrained", run["average_prefix"],
+                          "--init_centers", run["folder"], "--max_update", 4, "--save_interval", 2,
+                          "--val_targets", pairs)
     proc = run_command(config_sh(*options, "--val_at_start", "true"), timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"class centers and their momentum from InsightFace Partial FC run {run['folder']} (3 rank(s))" \
@@ -139,8 +134,8 @@ def test_a_run_of_their_partial_fc_continues_here_on_another_number_of_ranks(set
     (resumed / "checkpoints").mkdir(parents=True)
     first = ckpt(output / "checkpoints", 2)
     (resumed / "checkpoints" / first.name).symlink_to(first)
-    proc = run_command(config_sh(*b_run(set_b, resumed, "--network", run["symbol"], "--max_update", 4,
-                                        "--save_interval", 2, "--resume", "latest", "--val_targets", "")),
+    proc = run_command(config_sh(*own_set_run(set_b, resumed, *CHEAP, "--network", run["symbol"], "--max_update", 4,
+                                              "--save_interval", 2, "--resume", "latest", "--val_targets", "")),
                        timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert {step: loss for step, loss in losses(output).items() if step > 2} == losses(resumed)
@@ -149,8 +144,8 @@ def test_a_run_of_their_partial_fc_continues_here_on_another_number_of_ranks(set
 def test_a_starting_point_of_theirs_that_does_not_fit_stops_both_ranks(set_b, tmp_path):
     """Their centers for 30 classes on B's 40: named on both ranks before step 1."""
     run = theirs.write_partial_fc_run(tmp_path / "theirs", 30, 3, 128, seed=6)
-    proc = run_command(config_sh(*b_run(set_b, tmp_path / "run", "--init_centers", run["folder"],
-                                        "--max_update", 2)), timeout=300)
+    proc = run_command(config_sh(*own_set_run(set_b, tmp_path / "run", *CHEAP, "--init_centers", run["folder"],
+                                              "--max_update", 2)), timeout=300)
     assert proc.returncode != 0
     for rank in range(2):
         assert "this run has num_classes = 40" in rank_stop_line(proc.stdout, rank), proc.stdout[-3000:]

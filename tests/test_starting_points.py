@@ -14,18 +14,11 @@ import numpy as np
 import pytest
 
 import symbols
-from launch import ckpt, config_sh, losses, rank_stop_line, run_command
+from launch import ckpt, config_sh, losses, own_set_run, rank_stop_line, run_command
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
 from mxnet_pfc.training import checkpoint, start
 from mxnet_pfc.training import config as config_lib
-
-
-def b_run(set_b, output, *extra) -> list:
-    """Trainer options for a seconds-long run on set B, read as a user's own set (no generation)."""
-    return ["--dataset", "synthetic", "--rec", set_b / "train.rec", "--val_targets", set_b / "val.bin",
-            "--batch_size", 16, "--lr_base_batch", 32, "--warmup_epochs", 0.1, "--frequent", 1, "--verbose", 1000,
-            "--output", output, *extra]
 
 
 def verification_records(output) -> dict:
@@ -46,16 +39,20 @@ def test_a_fine_tune_starts_from_the_pretrained_backbone_exactly_and_imprinted_c
     a_on_b = json.loads(report.read_text())["val"]["accuracy"]
 
     imprinted = tmp_path / "imprinted"
-    proc = run_command(config_sh(*b_run(set_b, imprinted, "--pretrained", run_a, "--init_centers", "imprint",
-                                        "--val_at_start", "true", "--max_update", 6)), timeout=300)
+    proc = run_command(config_sh(*own_set_run(set_b, imprinted, "--pretrained", run_a, "--init_centers", "imprint",
+                                              "--val_at_start", "true", "--max_update", 6, "--num_classes", 42)),
+                       timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "pretrained backbone: " in proc.stdout and f"loaded from {run_a}/model-0000.params" in proc.stdout
-    assert "imprinted centers: 20 of this rank's 20 classes have training images" in proc.stdout
+    # 42 classes, of which B's 40 have images: rank 1's last two have none and keep their random centers
+    assert "imprinted centers: 21 of this rank's 21 classes have training images" in proc.stdout
+    assert "imprinted centers: 19 of this rank's 21 classes have training images" in proc.stdout
     accuracy = verification_records(imprinted)
     assert accuracy[0] == a_on_b
 
     random_centers = tmp_path / "random"
-    proc = run_command(config_sh(*b_run(set_b, random_centers, "--pretrained", run_a, "--max_update", 6)),
+    proc = run_command(config_sh(*own_set_run(set_b, random_centers, "--pretrained", run_a, "--max_update", 6,
+                                              "--num_classes", 42)),
                        timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     first_imprinted, first_random = losses(imprinted)[1], losses(random_centers)[1]
@@ -68,8 +65,8 @@ def test_a_frozen_warm_up_moves_only_the_centers_then_the_backbone_trains(refere
     statistics too) while the centers moved; the backbone moves after."""
     _, run_a = reference
     output = tmp_path / "frozen"
-    proc = run_command(config_sh(*b_run(set_b, output, "--pretrained", run_a, "--freeze_backbone_steps", 3,
-                                        "--max_update", 6, "--save_interval", 3)), timeout=300)
+    proc = run_command(config_sh(*own_set_run(set_b, output, "--pretrained", run_a, "--freeze_backbone_steps", 3,
+                                              "--max_update", 6, "--save_interval", 3)), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "steps 1..3 train only the class centers" in proc.stdout
     a_arg, a_aux = mx.model.load_checkpoint(str(run_a / "model"), 0)[1:]
@@ -106,6 +103,10 @@ def bad_starting_points(tmp_path, run_a) -> dict:
                              {**arg, "pre_fc1_weight": mx.nd.zeros((64, 512))}, aux)
     mx.model.save_checkpoint(str(tmp_path / "foreign"), 0, mx.sym.Variable("data"),
                              {"conv0_weight": mx.nd.zeros((8, 3, 3, 3))}, {})
+    mx.model.save_checkpoint(str(tmp_path / "int8"), 0, mx.sym.Variable("data"),
+                             {**arg, "pre_fc1_weight": arg["pre_fc1_weight"].astype("int8")}, aux)
+    mx.model.save_checkpoint(str(tmp_path / "nan"), 0, mx.sym.Variable("data"),
+                             {**arg, "pre_fc1_bias": arg["pre_fc1_bias"] * np.nan}, aux)
     a_ckpt = ckpt(run_a / "checkpoints", 30)
     return {
         "missing": ({"pretrained": f"{tmp_path}/missing"},
@@ -114,6 +115,8 @@ def bad_starting_points(tmp_path, run_a) -> dict:
                    f"1 parameter(s) of {tmp_path}/narrow-0000.params do not fit the network's shapes: "
                    "pre_fc1_weight (64, 512) in the file, (128, 512) in the network"),
         "foreign": ({"pretrained": f"{tmp_path}/foreign"}, "holds none of the network's parameters"),
+        "int8": ({"pretrained": f"{tmp_path}/int8"}, "are not floating point: pre_fc1_weight (int8)"),
+        "nan": ({"pretrained": f"{tmp_path}/nan"}, "non-finite values (NaN or inf) in pre_fc1_bias"),
         "no folder": ({"init_centers": f"{tmp_path}/nowhere"},
                       f"init_centers = '{tmp_path}/nowhere': not random or imprint, and no such folder"),
         "class count": ({"init_centers": str(run_a), "num_classes": 41},
@@ -122,8 +125,9 @@ def bad_starting_points(tmp_path, run_a) -> dict:
 
 
 def test_each_starting_point_that_does_not_fit_is_named(reference, set_b, tmp_path):
-    """A missing file, a parameter of another shape, a file with none of the network's parameters, a missing
-    centers folder, centers of another class count: each refused by setup's reading, naming it."""
+    """A missing file, a parameter of another shape, a file with none of the network's parameters, an int8 or
+    a NaN parameter, a missing centers folder, centers of another class count: each refused by setup's
+    reading, naming it."""
     _, run_a = reference
     for case, (fields, expected) in bad_starting_points(tmp_path, run_a).items():
         cfg = config_lib.make_config({"dataset": "synthetic", "rec": str(set_b / "train.rec"), "num_classes": 40,
@@ -141,7 +145,7 @@ def test_a_starting_point_that_does_not_fit_stops_every_rank_before_the_first_st
     _, run_a = reference
     fields, expected = bad_starting_points(tmp_path, run_a)[case]
     options = [word for name, value in fields.items() for word in (f"--{name}", value)]
-    proc = run_command(config_sh(*b_run(set_b, tmp_path / "run", "--max_update", 2, *options)), timeout=300)
+    proc = run_command(config_sh(*own_set_run(set_b, tmp_path / "run", "--max_update", 2, *options)), timeout=300)
     assert proc.returncode != 0
     for rank in range(2):
         assert expected in rank_stop_line(proc.stdout, rank), proc.stdout[-3000:]

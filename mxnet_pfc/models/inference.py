@@ -79,6 +79,27 @@ def float32_params(symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict, wh
     return args, {n: aux_params[n].astype("float32") for n in wanted_aux}
 
 
+def split_prefix(spec: str) -> "tuple[str, int]":
+    """'PREFIX,EPOCH' -> (PREFIX, EPOCH); 'PREFIX' -> (PREFIX, 0), as InsightFace names its models."""
+    prefix, _, epoch = spec.partition(",")
+    epoch = epoch.strip()
+    if epoch and not epoch.isdigit():
+        raise ModelError(f"{spec}: the epoch after the comma must be a whole number")
+    return prefix, int(epoch) if epoch else 0
+
+
+def model_of_run_folder(path: str) -> str:
+    """The model a training output folder holds: its exported prefix, else its latest checkpoint folder."""
+    run = RunFolder(path)
+    if os.path.exists(run.model_files.symbol):
+        return run.model
+    newest = checkpoint.latest(run.checkpoints)
+    if newest is not None:
+        return newest.path
+    raise ModelError(f"{path}: a folder without a model (model-symbol.json), checkpoint (state.json) "
+                     "or checkpoints/")
+
+
 def load_model(path: str):
     """(symbol, arg_params, aux_params, description) of the model `path` names (see the module docstring)."""
     if os.path.isdir(path):
@@ -92,16 +113,8 @@ def load_model(path: str):
                 symbol = inference_symbol(network, state["embedding_size"])
             arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
             return symbol, arg_params, aux_params, f"checkpoint {path} ({network}, step {state['step']})"
-        run = RunFolder(path)
-        if os.path.exists(run.model_files.symbol):
-            return load_model(run.model)
-        newest = checkpoint.latest(run.checkpoints)
-        if newest is not None:
-            return load_model(newest.path)
-        raise ModelError(f"{path}: a folder without a model (model-symbol.json), checkpoint (state.json) "
-                         "or checkpoints/")
-    prefix, _, epoch = path.partition(",")
-    epoch = int(epoch) if epoch.strip().isdigit() else 0
+        return load_model(model_of_run_folder(path))
+    prefix, epoch = split_prefix(path)
     files = [ModelFiles(prefix).symbol, ModelFiles(prefix).params(epoch)]
     if not all(os.path.exists(f) for f in files):
         raise ModelError(f"{path}: no model there: expected {' + '.join(files)}, a checkpoint folder or "

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from mxnet_pfc.data.records import decode_item
 from mxnet_pfc.head.memory_bank import read_saved_rows
 from mxnet_pfc.head.sampler import shard_range
+from mxnet_pfc.models.inference import ModelError, model_of_run_folder, split_prefix
 from mxnet_pfc.runtime import comm, logs, watchdog
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError, load_params
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
@@ -97,30 +98,17 @@ def read_start(cfg, rank: int, world: int, symbol: mx.sym.Symbol, subcenters: in
     return Start(pretrained, centers, cfg.init_centers == "imprint")
 
 
-def split_prefix(spec: str) -> "tuple[str, int]":
-    """'PREFIX,EPOCH' -> (PREFIX, EPOCH); 'PREFIX' -> (PREFIX, 0), as InsightFace names its models."""
-    prefix, _, epoch = spec.partition(",")
-    epoch = epoch.strip()
-    if epoch and not epoch.isdigit():
-        raise ConfigError(f"pretrained = {spec!r}: the epoch after the comma must be a whole number")
-    return prefix, int(epoch) if epoch else 0
-
-
 def pretrained_params(spec: str) -> "tuple[dict, dict, str]":
     """(arg_params, aux_params, a description) of what `spec` names (see the module docstring)."""
-    if os.path.isdir(spec):
+    try:
+        if os.path.isdir(spec) and not checkpoint.is_checkpoint(spec):
+            spec = model_of_run_folder(spec)
         if checkpoint.is_checkpoint(spec):
             arg_params, aux_params = checkpoint.load_backbone(spec, 0, same_world=False, average=True)
             return arg_params, aux_params, f"checkpoint {spec} (rank-averaged backbone)"
-        run = RunFolder(spec)
-        if os.path.exists(run.model_files.params(0)):
-            return pretrained_params(run.model)
-        newest = checkpoint.latest(run.checkpoints)
-        if newest is not None:
-            return pretrained_params(newest.path)
-        raise ConfigError(f"pretrained = {spec!r}: a folder without a model (model-0000.params), checkpoint "
-                          "(state.json) or checkpoints/")
-    prefix, epoch = split_prefix(spec)
+        prefix, epoch = split_prefix(spec)
+    except ModelError as error:
+        raise ConfigError(f"pretrained = {spec!r}: {error}") from None
     file = ModelFiles(prefix).params(epoch)
     if not os.path.isfile(file):
         raise ConfigError(f"pretrained = {spec!r}: no such file {file} (give PREFIX or PREFIX,EPOCH for "
@@ -148,6 +136,11 @@ def read_pretrained(spec: str, symbol: mx.sym.Symbol, data_shape: tuple) -> Pret
     if not loaded:
         raise ConfigError(f"pretrained = {spec!r}: {source} holds none of the network's parameters (the file: "
                           f"{', '.join(sorted(given)[:4])} ...; the network: {', '.join(sorted(wanted)[:4])} ...)")
+    not_float = [f"{name} ({np.dtype(given[name].dtype).name})" for name in loaded
+                 if np.dtype(given[name].dtype).kind != "f"]
+    if not_float:
+        raise ConfigError(f"pretrained = {spec!r}: parameters of {source} are not floating point: "
+                          f"{', '.join(not_float[:5])}")
     non_finite = [name for name in loaded if not np.isfinite(given[name].asnumpy()).all()]
     if non_finite:
         raise ConfigError(f"pretrained = {spec!r}: non-finite values (NaN or inf) in {', '.join(non_finite[:5])} "
