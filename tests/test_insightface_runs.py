@@ -11,7 +11,7 @@ import pytest
 
 import insightface_files as theirs
 import symbols
-from launch import ckpt, config_sh, losses, own_set_run, rank_stop_line, run_command
+from launch import ckpt, config_sh, losses, own_set_run, run_command
 from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
@@ -139,14 +139,3 @@ def test_a_run_of_their_partial_fc_continues_here_on_another_number_of_ranks(set
                        timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert {step: loss for step, loss in losses(output).items() if step > 2} == losses(resumed)
-
-
-def test_a_starting_point_of_theirs_that_does_not_fit_stops_both_ranks(set_b, tmp_path):
-    """Their centers for 30 classes on B's 40: named on both ranks before step 1."""
-    run = theirs.write_partial_fc_run(tmp_path / "theirs", 30, 3, 128, seed=6)
-    proc = run_command(config_sh(*own_set_run(set_b, tmp_path / "run", *CHEAP, "--init_centers", run["folder"],
-                                              "--max_update", 2)), timeout=300)
-    assert proc.returncode != 0
-    for rank in range(2):
-        assert "this run has num_classes = 40" in rank_stop_line(proc.stdout, rank), proc.stdout[-3000:]
-    assert "step 1/" not in proc.stdout
