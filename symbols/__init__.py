@@ -70,21 +70,7 @@ def load_symbol_file(path, output=""):
     except (OSError, ValueError, mx.base.MXNetError) as error:
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
         raise ValueError(f"{path}: not an MXNet symbol file ({reason})") from None
-    outputs = symbol.list_outputs()
-    internal = symbol.get_internals()
-    available = internal.list_outputs()
-    if output:
-        wanted = output if output in available else f"{output}_output"
-        if wanted not in available:
-            near = [name for name in available if name.endswith("_output") and output.split("_")[0] in name]
-            raise ValueError(f"{path}: the graph has no output {output!r}"
-                             + (f" (similar: {', '.join(near[:5])})" if near else ""))
-        symbol = internal[wanted]
-    elif len(outputs) > 1:
-        if "fc1_output" not in available:
-            raise ValueError(f"{path}: the graph has {len(outputs)} outputs ({', '.join(outputs)}); name the "
-                             "embedding with --network_output")
-        symbol = internal["fc1_output"]
+    symbol = embedding_of(symbol, output, path)
     arguments = symbol.list_arguments()
     if "data" not in arguments:
         raise ValueError(f"{path}: the graph has no input named 'data' (its inputs: {', '.join(arguments[:6])})")
@@ -94,6 +80,35 @@ def load_symbol_file(path, output=""):
                          "training head, not the embedding; name the embedding with --network_output "
                          "(InsightFace's: fc1_output)")
     return symbol
+
+
+def embedding_of(symbol, output="", where="the graph"):
+    """The embedding of a graph: its internal output `output` ('fc1' or 'fc1_output'), else its only output,
+    else its `fc1_output` (InsightFace's training graphs also output the classifier's softmax). ValueError
+    naming `where` when there is none of these."""
+    available = symbol.get_internals().list_outputs()
+    if output:
+        wanted = output if output in available else f"{output}_output"
+        if wanted not in available:
+            near = [name for name in available if name.endswith("_output") and output.split("_")[0] in name]
+            raise ValueError(f"{where}: the graph has no output {output!r}"
+                             + (f" (similar: {', '.join(near[:5])})" if near else ""))
+        return symbol.get_internals()[wanted]
+    outputs = symbol.list_outputs()
+    if len(outputs) == 1:
+        return symbol
+    if "fc1_output" not in available:
+        raise ValueError(f"{where}: the graph has {len(outputs)} outputs ({', '.join(outputs)}) and no fc1_output; "
+                         "name the embedding with --network_output")
+    return symbol.get_internals()["fc1_output"]
+
+
+def parameter_shapes(symbol, data_shape):
+    """({argument: shape}, {auxiliary state: shape}) of `symbol`'s parameters for input `data` of data_shape
+    (its other inputs, a distilled student's teacher embedding, are not parameters of a file)."""
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=data_shape)
+    return ({name: tuple(shape) for name, shape in zip(symbol.list_arguments(), arg_shapes) if name != "data"},
+            {name: tuple(shape) for name, shape in zip(symbol.list_auxiliary_states(), aux_shapes)})
 
 
 def embedding_width(symbol, where):

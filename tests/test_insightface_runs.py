@@ -16,7 +16,7 @@ from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
 from mxnet_pfc.training import config as config_lib
-from mxnet_pfc.training import start
+from mxnet_pfc.training import starting_point
 from mxnet_pfc.training.run_plan import resolve_config
 
 SMALL = dict(net_input=0)      # their 7x7 stride-2 stem, a config field of both projects: ~4x cheaper on CPU
@@ -50,8 +50,8 @@ def test_their_backbones_are_networks_and_their_parameters_load_by_name(tmp_path
         assert cfg.embedding_size == 128, name
         symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, output=cfg.network_output)
         assert symbol.list_outputs() == ["fc1_output"], name
-        pretrained = start.read_pretrained(prefix, symbol, (2, 3, 112, 112))
-        assert pretrained.initialised == (), name
+        pretrained = starting_point.read_pretrained(prefix, symbol, (2, 3, 112, 112))
+        assert pretrained.kept_random == (), name
         assert pretrained.unused == (("fc7_weight",) if name == "fmobilefacenet-training" else ()), name
         assert "pretrained backbone: " in pretrained.describe()
 
@@ -79,7 +79,7 @@ def test_centers_of_their_partial_fc_re_shard_onto_any_world_size(tmp_path, worl
     run = theirs.write_partial_fc_run(tmp_path / "pfc", 10, 3, 8, seed=5)
     for rank in range(world):
         first, count = shard_range(10, rank, world)
-        got = start.read_centers(str(run["folder"]), 10, 8, 1, first, count)
+        got = starting_point.read_centers(str(run["folder"]), 10, 8, 1, first, count)
         assert "InsightFace Partial FC run" in got.source and "(3 rank(s))" in got.source
         assert np.array_equal(got.centers, run["centers"][first:first + count])
         assert np.array_equal(got.momentum, run["momentum"][first:first + count])
@@ -88,14 +88,14 @@ def test_centers_of_their_partial_fc_re_shard_onto_any_world_size(tmp_path, worl
 def test_their_centers_for_another_class_count_or_width_are_refused_naming_both(tmp_path):
     run = theirs.write_partial_fc_run(tmp_path / "pfc", 10, 3, 8, seed=5)
     folder = str(run["folder"])
-    with pytest.raises(CheckpointError, match=r"its 3 ranks hold 4 rows each, which fits a run of 9\.\.12 classes; "
+    with pytest.raises(CheckpointError, match=r"its 3 ranks hold 4 rows each, which fits a run of 10\.\.12 classes; "
                                               r"this run has num_classes = 13"):
-        start.read_centers(folder, 13, 8, 1, 0, 13)
+        starting_point.read_centers(folder, 13, 8, 1, 0, 13)
     with pytest.raises(CheckpointError, match="8-d, this run's embedding_size is 16"):
-        start.read_centers(folder, 10, 16, 1, 0, 10)
+        starting_point.read_centers(folder, 10, 16, 1, 0, 10)
     run["momentum_files"][1].unlink()
     with pytest.raises(CheckpointError, match="incomplete.*missing 1_centers_mom.param"):
-        start.read_centers(folder, 10, 8, 1, 0, 10)
+        starting_point.read_centers(folder, 10, 8, 1, 0, 10)
 
 
 def verified(model, bin_file, tmp_path) -> float:
@@ -122,7 +122,7 @@ def test_a_run_of_their_partial_fc_continues_here_on_another_number_of_ranks(set
     assert f"class centers and their momentum from InsightFace Partial FC run {run['folder']} (3 rank(s))" \
         in proc.stdout
     loaded = [line for line in proc.stdout.splitlines() if "pretrained backbone:" in line]
-    assert loaded and "initialised at random" not in loaded[0], loaded
+    assert loaded and "keep their random start" not in loaded[0], loaded
     records = [json.loads(line) for line in open(output / "metrics.jsonl")]
     assert [r["val/pairs/accuracy"] for r in records if r["step"] == 0 and "val/pairs/accuracy" in r] == [theirs_on_b]
     assert (output / "model-symbol.json").exists()

@@ -164,11 +164,13 @@ class MemoryBank:
             target[:] = nd.array(rows, dtype="float32")
 
 
-def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
-                    subcenters: int = 1) -> "tuple[np.ndarray, np.ndarray]":
-    """(centers, momentum) of classes [class_start, class_start + num_local), K rows each, from the shards a
-    checkpoint saved in `folder` (shards[r] = (class_start, num_local) of saved rank r, any number of ranks).
-    Only those rows are read (memory-mapped); a file of another shape, type, or with NaN is refused naming it."""
+def assemble_rows(shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
+                  subcenters: int, read_shard) -> "tuple[np.ndarray, np.ndarray]":
+    """(centers, momentum) float32 of classes [class_start, class_start + num_local), K rows each, from saved
+    shards on any number of ranks: shards[r] = (class_start, num_local) of saved rank r, and
+    read_shard(kind, r) -> (saved rank r's rows of `kind` ('centers' or 'momentum'), its file) returns them
+    checked for shape and type. Only the rows needed are copied; a NaN or infinite one is refused naming
+    its file."""
     K = subcenters
     pieces = [(old_rank, old_row * K, new_row * K, rows * K)
               for old_rank, old_row, new_row, rows in shard_overlaps(shards, class_start, num_local)]
@@ -176,18 +178,29 @@ def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, nu
     for kind in ("centers", "momentum"):
         target = np.empty((num_local * K, embedding_size), dtype=np.float32)
         for old_rank, old_row, new_row, rows in pieces:
-            file = shard_files(folder, old_rank)[kind]
-            try:
-                saved = np.load(file, mmap_mode="r")
-            except (OSError, ValueError) as error:
-                raise CheckpointError(f"{file}: {error}") from None
-            expected = (shards[old_rank][1] * K, embedding_size)
-            if saved.shape != expected or saved.dtype != np.float32:
-                raise CheckpointError(f"{file}: {saved.dtype} array of shape {saved.shape}; state.json's shards "
-                                      f"give saved rank {old_rank} float32 rows of shape {expected}")
-            rows_read = np.asarray(saved[old_row:old_row + rows])
-            if not np.isfinite(rows_read).all():
+            saved, file = read_shard(kind, old_rank)
+            values = np.asarray(saved[old_row:old_row + rows], dtype=np.float32)
+            if not np.isfinite(values).all():
                 raise CheckpointError(f"{file}: non-finite values (NaN or inf) in its {kind}")
-            target[new_row:new_row + rows] = rows_read
+            target[new_row:new_row + rows] = values
         arrays.append(target)
     return arrays[0], arrays[1]
+
+
+def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
+                    subcenters: int = 1) -> "tuple[np.ndarray, np.ndarray]":
+    """assemble_rows from the shard files a checkpoint saved in `folder` (memory-mapped: only the rows
+    needed are read)."""
+    def read_shard(kind: str, old_rank: int):
+        file = shard_files(folder, old_rank)[kind]
+        try:
+            saved = np.load(file, mmap_mode="r")
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{file}: {error}") from None
+        expected = (shards[old_rank][1] * subcenters, embedding_size)
+        if saved.shape != expected or saved.dtype != np.float32:
+            raise CheckpointError(f"{file}: {saved.dtype} array of shape {saved.shape}; state.json's shards "
+                                  f"give saved rank {old_rank} float32 rows of shape {expected}")
+        return saved, file
+
+    return assemble_rows(shards, class_start, num_local, embedding_size, subcenters, read_shard)

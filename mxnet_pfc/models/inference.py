@@ -19,7 +19,7 @@ import numpy as np
 import symbols
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
-from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
+from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
 from mxnet_pfc.training import checkpoint
 
 
@@ -44,14 +44,12 @@ def inference_symbol(network: str, embedding_size: int, output: str = "") -> mx.
     return symbols.get_symbol(network, embedding_size, dropout=0.0, fp16=False, output=output)
 
 
-def embedding_output(symbol: mx.sym.Symbol) -> mx.sym.Symbol:
-    """The embedding: the symbol itself, or its fc1 output when it has several outputs."""
-    if len(symbol.list_outputs()) == 1:
-        return symbol
-    internals = symbol.get_internals()
-    if "fc1_output" in internals.list_outputs():
-        return internals["fc1_output"]
-    raise ModelError(f"the symbol has outputs {symbol.list_outputs()} and no fc1_output to take the embedding from")
+def embedding_output(symbol: mx.sym.Symbol, where: str = "the model") -> mx.sym.Symbol:
+    """The embedding: the symbol itself, or its fc1_output when it has several outputs (symbols.embedding_of)."""
+    try:
+        return symbols.embedding_of(symbol, where=where)
+    except ValueError as error:
+        raise ModelError(str(error)) from None
 
 
 def fixed_gammas(symbol: mx.sym.Symbol) -> "list[str]":
@@ -77,15 +75,6 @@ def float32_params(symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict, wh
         if name in args:
             args[name] = mx.nd.ones_like(args[name])
     return args, {n: aux_params[n].astype("float32") for n in wanted_aux}
-
-
-def split_prefix(spec: str) -> "tuple[str, int]":
-    """'PREFIX,EPOCH' -> (PREFIX, EPOCH); 'PREFIX' -> (PREFIX, 0), as InsightFace names its models."""
-    prefix, _, epoch = spec.partition(",")
-    epoch = epoch.strip()
-    if epoch and not epoch.isdigit():
-        raise ModelError(f"{spec}: the epoch after the comma must be a whole number")
-    return prefix, int(epoch) if epoch else 0
 
 
 def model_of_run_folder(path: str) -> str:
@@ -120,7 +109,7 @@ def load_model(path: str):
         raise ModelError(f"{path}: no model there: expected {' + '.join(files)}, a checkpoint folder or "
                          "a training output folder")
     symbol, arg_params, aux_params = load_checkpoint(prefix, epoch, ModelError)
-    symbol = embedding_output(symbol)
+    symbol = embedding_output(symbol, prefix)
     arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
     return symbol, arg_params, aux_params, f"model {prefix}-{epoch:04d}"
 

@@ -13,6 +13,15 @@ from dataclasses import dataclass
 MODEL = "model"          # OUTPUT/model: the prefix of the model for inference the trainer exports
 
 
+def split_prefix(spec: str) -> "tuple[str, int]":
+    """'PREFIX,EPOCH' -> (PREFIX, EPOCH); 'PREFIX' -> (PREFIX, 0), as InsightFace names its models. Only a
+    whole number after the last comma is an epoch: a comma in a folder's name stays in the prefix."""
+    prefix, comma, epoch = spec.rpartition(",")
+    if comma and epoch.strip().isdigit():
+        return prefix, int(epoch)
+    return spec, 0
+
+
 @dataclass(frozen=True)
 class ModelFiles:
     """The files of a model PREFIX, wherever it is: MXNet's own naming (PREFIX-symbol.json and

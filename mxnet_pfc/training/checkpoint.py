@@ -188,6 +188,8 @@ class State:
     config: dict               # Config.to_dict(): network, seed, loss, the max_update asked for ...
     # the margin's running statistics after this step (Margin.state(); {}: a margin without any)
     margin_state: dict = field(default_factory=dict)
+    # the backbone trains from this many samples seen on (--freeze_backbone_steps at the first run's global batch)
+    freeze_until_samples: int = 0
 
 
 _STATE_FIELDS = {        # field: (type, smallest value) of what a resume reads from state.json
@@ -244,6 +246,17 @@ def check_compatible(state: dict, path: str, num_classes: int, embedding_size: i
 
     A network given as a symbol file is known by its graph, not its name: check_params compares the
     parameters' names and shapes."""
+    problems = head_mismatches(state, num_classes, embedding_size, subcenters)
+    saved_network = state["config"]["network"]
+    if saved_network != network and not (symbols.is_symbol_file(saved_network) or symbols.is_symbol_file(network)):
+        problems.append(f"its network is {state['config']['network']}, the configuration's {network} (network)")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: " + "; ".join(problems))
+
+
+def head_mismatches(state: dict, num_classes: int, embedding_size: int, subcenters: int = 1) -> "list[str]":
+    """How a checkpoint's memory bank differs from this run's head (classes, width, sub-centers), one
+    phrase each; [] when it fits."""
     problems = []
     saved_subcenters = state.get("subcenters", 1)       # written since sub-center ArcFace; 1 before
     if saved_subcenters != subcenters:
@@ -254,11 +267,7 @@ def check_compatible(state: dict, path: str, num_classes: int, embedding_size: i
     if state["embedding_size"] != embedding_size:
         problems.append(f"its embedding size is {state['embedding_size']}, the configuration's {embedding_size} "
                         "(embedding_size)")
-    saved_network = state["config"]["network"]
-    if saved_network != network and not (symbols.is_symbol_file(saved_network) or symbols.is_symbol_file(network)):
-        problems.append(f"its network is {state['config']['network']}, the configuration's {network} (network)")
-    if problems:
-        raise CheckpointError(f"checkpoint {path} does not fit this run: " + "; ".join(problems))
+    return problems
 
 
 def check_params(params: dict, expected: dict, path: str, network: str) -> None:
@@ -504,19 +513,23 @@ def _legacy_optimizer_arrays(file: str, param_names: "list[str]") -> "dict[str, 
     return named_states(built, param_names)
 
 
-def load_optimizer_state(path: str, module) -> None:
+def load_optimizer_state(path: str, module, leave_out: "tuple[str, ...]" = ()) -> None:
     """The backbone's SGD state from checkpoint `path` into `module`: optimizer-states.params, or a format-1
-    checkpoint's pickled optimizer.states through a loader that builds arrays and nothing else."""
+    checkpoint's pickled optimizer.states through a loader that builds arrays and nothing else. The states
+    of the parameters in `leave_out` are not taken (they start afresh)."""
     file = os.path.join(path, OPTIMIZER_FILE)
     try:
         if os.path.exists(file):
             arrays = mx.nd.load(file)
+            if isinstance(arrays, list) and not arrays:     # saved before the backbone's first update (a freeze)
+                arrays = {}
             if not isinstance(arrays, dict):
                 raise ValueError("its arrays have no names")
         else:
             file = os.path.join(path, LEGACY_OPTIMIZER_FILE)
             arrays = _legacy_optimizer_arrays(file, module.module._exec_group.param_names)
-        module.load_optimizer_state(arrays, file)
+        module.load_optimizer_state({key: value for key, value in arrays.items()
+                                     if key.partition("#")[0] not in leave_out}, file)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no optimizer state ({OPTIMIZER_FILE}, or {LEGACY_OPTIMIZER_FILE} of "
                               "format 1)") from None

@@ -34,6 +34,7 @@ from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.head import margin
 from mxnet_pfc.runtime.errors import ConfigError
 from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.runtime.run_folder import split_prefix
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Config:
     subcenter_k: int = margin.preset_params("subcenter-arcface")["subcenters"]
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
-    init_centers: str = "random"
+    init_centers: str = "random"          # INIT_CENTERS or a folder
     # ---- optimisation (both optimizers)
     batch_size: int = 128
     grad_accum: int = 1
@@ -350,15 +351,17 @@ def make_config(overrides: "dict | None" = None) -> Config:
         values["val_targets"] = (AUTO_VAL,)       # your own set: the .bin files beside it (run_plan finds them)
     if not values["output"]:
         network = values["network"]
-        if symbols.is_symbol_file(network):        # model-symbol.json -> model
-            network = os.path.basename(network)[:-len(".json")].removesuffix("-symbol")
+        if symbols.is_symbol_file(network):        # zoo/ms1m-r100/model-symbol.json -> ms1m-r100-model
+            folder = os.path.basename(os.path.dirname(os.path.abspath(network)))
+            network = f"{folder}-{os.path.basename(network)[:-len('.json')].removesuffix('-symbol')}"
         values["output"] = os.path.join("output", f"{values['dataset']}_{network}_{values['loss']}")
     config = Config(**values)
     validate(config)
     return config
 
 
-INIT_CENTERS = ("random", "imprint")     # or the path of a folder holding centers
+INIT_RANDOM, INIT_IMPRINT = "random", "imprint"     # --init_centers: these, or the path of a folder of centers
+INIT_CENTERS = (INIT_RANDOM, INIT_IMPRINT)
 
 
 def validate(config: Config) -> None:
@@ -375,8 +378,16 @@ def validate(config: Config) -> None:
     require(config.init_centers not in ("", "none"), "init_centers",
             f"one of {', '.join(INIT_CENTERS)}, or a folder holding centers (a checkpoint, or an output folder of "
             "InsightFace's MXNet Partial FC)")
-    require(config.init_centers != "imprint" or config.rec or config.images, "init_centers",
+    require(config.init_centers != INIT_IMPRINT or config.rec or config.images, "init_centers",
             "imprint embeds the training images: it needs --rec or --images (not dummy data)")
+    inside_output = [name for name in ("pretrained", "init_centers", "teacher", "network")
+                     if _is_within(split_prefix(getattr(config, name))[0], config.output)]
+    require(not (config.start_over and inside_output), "start_over",
+            f"moves {config.output}'s files to its earlier-runs/ before the run reads them, and "
+            f"--{', --'.join(inside_output)} names a path inside it: copy what you start from out of "
+            "the output folder first")
+    require("teacher" not in inside_output, "teacher", f"is inside this run's own output folder {config.output}: a "
+            "run cannot be its own teacher")
     require(config.distill_weight > 0 or not config.teacher, "distill_weight",
             "must be positive with --teacher (leave --teacher out to train without one)")
     require(config.distill_weight >= 0, "distill_weight", "must be non-negative")
@@ -430,6 +441,14 @@ def validate(config: Config) -> None:
     require(config.synthetic_identities == 0 or config.rec, "synthetic_identities", "generation needs --rec")
     require(config.synthetic_identities in (0, config.num_classes) or config.num_classes == 0, "synthetic_identities",
             f"a generated set has one class per identity: must equal num_classes ({config.num_classes}) or be 0")
+
+
+def _is_within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or inside it (by name: nothing is read)."""
+    if not path or path in INIT_CENTERS:
+        return False
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return path == folder or path.startswith(folder + os.sep)
 
 
 def margin_of(config: Config, seed: "int | None" = None) -> margin.Margin:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import mxnet as mx
 
+import symbols
 from mxnet_pfc.runtime.errors import ConfigError
 
 TEACHER_INPUT = "teacher_embedding"       # the student graph's second input: the teacher's embeddings
@@ -52,23 +53,20 @@ def read_teacher(spec: str, image_size: int) -> Teacher:
         symbol, arg_params, aux_params, source = load_model(spec)
     except ModelError as error:
         raise ConfigError(f"teacher = {spec!r}: {error}") from None
+    where = f"teacher = {spec!r}: {source}"
     try:
-        arg_shapes, out_shapes, aux_shapes = symbol.infer_shape(data=(2, 3, image_size, image_size))
-    except mx.base.MXNetError:
-        arg_shapes, out_shapes, aux_shapes = [], None, []
-    if not out_shapes or len(out_shapes[0]) != 2 or out_shapes[0][0] != 2:
-        raise ConfigError(f"teacher = {spec!r}: {source} does not map 3 x {image_size} x {image_size} faces (the "
-                          f"student's input) to one embedding each"
-                          + (f" (its output for 2 faces: {out_shapes[0]})" if out_shapes else ""))
-    wanted = {**dict(zip(symbol.list_arguments(), arg_shapes)), **dict(zip(symbol.list_auxiliary_states(),
-                                                                           aux_shapes))}
+        width = symbols.embedding_width(symbol, where)
+    except ValueError as error:
+        raise ConfigError(f"{error} (the student's input is 3 x {image_size} x {image_size} faces)") from None
+    arg_shapes, aux_shapes = symbols.parameter_shapes(symbol, (2, 3, image_size, image_size))
     given = {**arg_params, **aux_params}
-    wrong = [f"{name} {tuple(given[name].shape)}, at this input {tuple(shape)}" for name, shape in wanted.items()
-             if name in given and tuple(given[name].shape) != tuple(shape)]
+    wrong = [f"{name} {tuple(given[name].shape)}, at this input {shape}"
+             for name, shape in {**arg_shapes, **aux_shapes}.items()
+             if name in given and tuple(given[name].shape) != shape]
     if wrong:
         raise ConfigError(f"teacher = {spec!r}: the parameters of {source} are for another input than 3 x "
                           f"{image_size} x {image_size} faces: {'; '.join(wrong[:3])}")
-    return Teacher(symbol, arg_params, aux_params, int(out_shapes[0][1]), source)
+    return Teacher(symbol, arg_params, aux_params, width, source)
 
 
 def training_symbol(student: mx.sym.Symbol, student_width: int, teacher_width: int,

@@ -9,8 +9,9 @@ momentum is MXNet's sgd_mom_update state, as ours (memory_bank.py). Its backbone
 `model-symbol.json` + `model-0000.params`, and `model_average-*` with parameters
 averaged over ranks (callbacks.py, CallBackModelSave); --pretrained reads either.
 
-The files do not say C: only that the W ranks hold n rows each. A class count
-whose ceiling split gives that n is accepted; any other is refused, naming both.
+The files do not say C: only that the W ranks hold n rows each, which fits any
+C in ((n - 1) W, n W]. A class count whose ceiling split gives that n is
+accepted; any other is refused, naming the range.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import os
 
 import numpy as np
 
-from mxnet_pfc.head.memory_bank import shard_overlaps
+from mxnet_pfc.head.memory_bank import assemble_rows
 from mxnet_pfc.runtime.errors import CheckpointError, load_arrays
 
 FILES = {"centers": "{rank}_centers.param", "momentum": "{rank}_centers_mom.param"}
@@ -50,36 +51,31 @@ def world_size_of(folder: str) -> int:
     return world
 
 
-def read_rows(folder: str, num_classes: int, embedding_size: int, class_start: int,
-              num_local: int) -> "tuple[np.ndarray, np.ndarray]":
+def read_center_rows(folder: str, num_classes: int, embedding_size: int, class_start: int,
+                     num_local: int) -> "tuple[np.ndarray, np.ndarray]":
     """(centers, momentum) float32 of classes [class_start, class_start + num_local) from a Partial FC run's
     files, whatever its number of ranks; only the files holding those classes are read."""
     world = world_size_of(folder)
     rows_per_rank = -(-num_classes // world)
     shards = [[rank * rows_per_rank, max(0, min(rows_per_rank, num_classes - rank * rows_per_rank))]
               for rank in range(world)]
-    arrays = []
-    for kind in ("centers", "momentum"):
-        target = np.empty((num_local, embedding_size), dtype=np.float32)
-        for old_rank, old_row, new_row, rows in shard_overlaps(shards, class_start, num_local):
-            file = files_of(folder, old_rank)[kind]
-            saved = load_arrays(file, CheckpointError)
-            if isinstance(saved, dict) or len(saved) != 1:
-                raise CheckpointError(f"{file}: not a Partial FC memory bank file (expected one unnamed array, "
-                                      f"found {len(saved)}{' named' if isinstance(saved, dict) else ''})")
-            saved = saved[0]
-            if saved.ndim != 2 or saved.shape[1] != embedding_size:
-                raise CheckpointError(f"{file}: its {kind} have shape {saved.shape}: {saved.shape[-1]}-d, this "
-                                      f"run's embedding_size is {embedding_size}")
-            if saved.shape[0] != rows_per_rank:
-                held = saved.shape[0]
-                raise CheckpointError(
-                    f"{folder}: its {world} ranks hold {held} rows each, which fits a run of "
-                    f"{(world - 1) * held + 1}..{world * held} classes; this run has num_classes = {num_classes} "
-                    f"({rows_per_rank} rows per rank on {world} ranks)")
-            values = saved[old_row:old_row + rows].asnumpy().astype(np.float32)
-            if not np.isfinite(values).all():
-                raise CheckpointError(f"{file}: non-finite values (NaN or inf) in its {kind}")
-            target[new_row:new_row + rows] = values
-        arrays.append(target)
-    return arrays[0], arrays[1]
+
+    def read_shard(kind: str, old_rank: int):
+        file = files_of(folder, old_rank)[kind]
+        saved = load_arrays(file, CheckpointError)
+        if isinstance(saved, dict) or len(saved) != 1:
+            raise CheckpointError(f"{file}: not a Partial FC memory bank file (expected one unnamed array, "
+                                  f"found {len(saved)}{' named' if isinstance(saved, dict) else ''})")
+        saved = saved[0]
+        if saved.ndim != 2 or saved.shape[1] != embedding_size:
+            raise CheckpointError(f"{file}: its {kind} have shape {saved.shape}: {saved.shape[-1]}-d, this "
+                                  f"run's embedding_size is {embedding_size}")
+        if saved.shape[0] != rows_per_rank:       # ceil(C / W) = n holds for C in ((n - 1) W, n W]
+            held = saved.shape[0]
+            raise CheckpointError(
+                f"{folder}: its {world} ranks hold {held} rows each, which fits a run of "
+                f"{(held - 1) * world + 1}..{held * world} classes; this run has num_classes = {num_classes} "
+                f"({rows_per_rank} rows per rank on {world} ranks)")
+        return saved.asnumpy(), file
+
+    return assemble_rows(shards, class_start, num_local, embedding_size, 1, read_shard)

@@ -81,10 +81,14 @@ class PartialFCModule:
             width = head.embedding_size
             samples = batch_size * comm.size() * self.grad_accum      # of the step's mean loss
             symbol = distill.training_symbol(symbol, width, teacher.width, self.distill_weight / samples)
-            data_shapes.append((distill.TEACHER_INPUT, (batch_size, teacher.width)))
+            self._teacher_shape = (batch_size, teacher.width)
+            data_shapes.append((distill.TEACHER_INPUT, self._teacher_shape))
             self.teacher = mx.mod.Module(teacher.symbol, data_names=["data"], label_names=None, context=ctx)
             self.teacher.bind(data_shapes=[("data", self.data_shape)], for_training=False)
-            self.teacher.set_params(teacher.arg_params, teacher.aux_params, force_init=True)
+            arg_params, aux_params = dict(teacher.arg_params), dict(teacher.aux_params)
+            comm.broadcast_parameters(arg_params)     # rank 0's reading on every rank (hosts' copies may differ)
+            comm.broadcast_parameters(aux_params)
+            self.teacher.set_params(arg_params, aux_params, force_init=True)
         self.module = mx.mod.Module(symbol, data_names=[name for name, _ in data_shapes], label_names=None,
                                     context=ctx)
         self.module.bind(data_shapes=data_shapes, for_training=True,
@@ -167,6 +171,20 @@ class PartialFCModule:
         if cosines:
             self.distill_cosine = float(np.mean(cosines))      # the student's mean cosine to the teacher
         return float(np.mean(losses))                   # micro-batches of equal size: the mean over K x N
+
+    def embed(self, images: np.ndarray) -> np.ndarray:
+        """Embeddings (n, D) of n <= batch_size RGB images (n, 3, H, W) under the current backbone, in
+        inference mode (BatchNorm's moving statistics, no dropout); no gradient, nothing changes."""
+        count = len(images)
+        if count > self.batch_size:
+            raise ValueError(f"embed takes at most {self.batch_size} images, got {count}")
+        batch = np.zeros(self.data_shape, np.float32)        # the module is bound for full batches
+        batch[:count] = images
+        inputs = [mx.nd.array(batch)]
+        if self.teacher is not None:       # the distillation term's input, unused for the embedding
+            inputs.append(mx.nd.zeros(self._teacher_shape))
+        self.module.forward(mx.io.DataBatch(inputs), is_train=False)
+        return self.module.get_outputs()[0].asnumpy()[:count]
 
     def get_params(self):
         """(arg_params, aux_params) of the backbone, copied to the CPU.

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import mxnet as mx
 
+import symbols
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint, distill
 from mxnet_pfc.training import config as config_lib
@@ -34,31 +35,54 @@ class Resume:
 
 
 def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int, global_batch: int,
-         num_images: int, projection: bool = False) -> Resume:
+         num_images: int, projection_shape: "tuple | None" = None) -> Resume:
     """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes.
-    `projection`: whether this run learns a distillation projection (distill.py), which a checkpoint of
-    a distilled run holds beside the backbone."""
+    `projection_shape`: the shape of the distillation projection this run learns (distill.py), if any,
+    which a checkpoint of a distilled run holds beside the backbone."""
     path = checkpoint.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
     state = checkpoint.read_state(path)
     margin = config_lib.margin_of(cfg)
     checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network, margin.subcenters)
     arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
     saved_projection = arg_params.pop(distill.PROJECTION_WEIGHT, None)
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(cfg.batch_size, 3, cfg.image_size, cfg.image_size))
-    checkpoint.check_params(arg_params, {n: s for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"},
-                            path, cfg.network)
-    checkpoint.check_params(aux_params, dict(zip(symbol.list_auxiliary_states(), aux_shapes)), path, cfg.network)
+    arg_shapes, aux_shapes = symbols.parameter_shapes(symbol, (cfg.batch_size, 3, cfg.image_size, cfg.image_size))
+    checkpoint.check_params(arg_params, arg_shapes, path, cfg.network)
+    checkpoint.check_params(aux_params, aux_shapes, path, cfg.network)
     step, epoch = checkpoint.resume_position(state, steps_per_epoch, global_batch)
     changes = describe_changes(state, path, cfg.seed, world, steps_per_epoch, global_batch, num_images, step)
     margin_state, margin_change = margin_state_to_continue(state, path, cfg.loss, margin)
-    projection_change = ()
-    if projection and saved_projection is None:
-        projection_change = ("the distillation's projection starts afresh (the checkpoint holds none)",)
-    elif saved_projection is not None and not projection:
-        projection_change = ("the checkpoint's distillation projection is left out: this run has no projection",)
-        saved_projection = None
-    return Resume(path, state, arg_params, aux_params, step, epoch, changes + margin_change + projection_change,
-                  margin_state, saved_projection)
+    saved_projection, projection_change = projection_to_continue(saved_projection, projection_shape)
+    return Resume(path, state, arg_params, aux_params, step, epoch,
+                  changes + margin_change + projection_change + starting_point_notes(state, cfg), margin_state,
+                  saved_projection)
+
+
+def projection_to_continue(saved, shape: "tuple | None") -> "tuple[mx.nd.NDArray | None, tuple[str, ...]]":
+    """(the checkpoint's distillation projection if this run continues it, what the resume says)."""
+    if shape is None:
+        return None, (("the checkpoint's distillation projection is left out: this run has no projection",)
+                      if saved is not None else ())
+    if saved is None:
+        return None, ("the distillation's projection starts afresh (the checkpoint holds none)",)
+    if tuple(saved.shape) != tuple(shape):
+        return None, (f"the distillation's projection starts afresh: the checkpoint's maps to "
+                      f"{saved.shape[0]} dimensions, this run's teacher has {shape[0]}",)
+    return saved, ()
+
+
+def starting_point_notes(state: dict, cfg) -> "tuple[str, ...]":
+    """What the resume says about the options of a run's start (--pretrained, --init_centers: not used
+    when resuming) and its teacher, where they differ from the checkpoint's run."""
+    saved, defaults = state["config"], config_lib.Config()
+    notes = []
+    for name in ("pretrained", "init_centers"):
+        given, then = getattr(cfg, name), saved.get(name, getattr(defaults, name))
+        if given != then and given != getattr(defaults, name):
+            notes.append(f"--{name} {given} is not used: this run started from {then or 'random'} and continues "
+                         "its checkpoint")
+    if saved.get("teacher", "") != cfg.teacher:
+        notes.append(f"teacher {saved.get('teacher') or '(none)'} -> {cfg.teacher or '(none)'}")
+    return tuple(notes)
 
 
 def margin_state_to_continue(state: dict, path: str, loss: str, margin) -> "tuple[dict | None, tuple[str, ...]]":
@@ -124,10 +148,12 @@ def restore(resume: Resume, module, head) -> None:
     arg_params = dict(resume.arg_params)
     current = module.get_params()[0]
     if distill.PROJECTION_WEIGHT in current:        # the saved projection, or this run's fresh one
-        fits = resume.projection is not None and resume.projection.shape == current[distill.PROJECTION_WEIGHT].shape
-        arg_params[distill.PROJECTION_WEIGHT] = resume.projection if fits else current[distill.PROJECTION_WEIGHT]
+        arg_params[distill.PROJECTION_WEIGHT] = (resume.projection if resume.projection is not None
+                                                 else current[distill.PROJECTION_WEIGHT])
     module.set_params(arg_params, resume.aux_params)
-    checkpoint.load_optimizer_state(resume.path, module)
+    # a projection not continued takes no momentum from the checkpoint either
+    checkpoint.load_optimizer_state(resume.path, module,
+                                    leave_out=() if resume.projection is not None else (distill.PROJECTION_WEIGHT,))
     head.bank.load(resume.path, resume.state["shards"])
     if resume.margin_state:
         head.margin.load_state(resume.margin_state)

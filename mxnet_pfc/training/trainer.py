@@ -36,7 +36,7 @@ from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint, distill, output_folder
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
-from mxnet_pfc.training import start as start_lib
+from mxnet_pfc.training import starting_point as starting_point_lib
 from mxnet_pfc.training.lr_schedule import LRSchedule
 from mxnet_pfc.training.metrics import MetricsLog, Throughput, format_duration, progress_line
 from mxnet_pfc.training.module import PartialFCModule
@@ -52,11 +52,12 @@ class Setup:
     ctx: mx.Context
     data: "RecordIter | FolderIter | DummyIter"
     symbol: mx.sym.Symbol
+    inference: mx.sym.Symbol                    # the model for inference (export_model)
     evaluation: "TrainingEvaluation | None"     # rank 0's verification and IJB sets
     plan: RunPlan
     schedule: LRSchedule
     resume: "resume_lib.Resume | None"
-    start: "start_lib.Start | None"        # a fresh run's pretrained backbone and initial centers
+    starting_point: "starting_point_lib.StartingPoint | None"     # a fresh run's pretrained backbone and centers
     teacher: "distill.Teacher | None"
 
 
@@ -87,20 +88,22 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
                          micro_batches=cfg.grad_accum)
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16, cfg.network_output)
     teacher = distill.read_teacher(cfg.teacher, cfg.image_size) if cfg.teacher else None
-    projection = teacher is not None and teacher.width != cfg.embedding_size
+    projection = (teacher.width, cfg.embedding_size) if teacher and teacher.width != cfg.embedding_size else None
     resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world), num_images,
                               projection) if cfg.resume else None)
-    start = (start_lib.read_start(cfg, rank, world, symbol, config_lib.margin_of(cfg).subcenters)
-             if resume is None else None)
+    starting_point = (starting_point_lib.read_starting_point(cfg, rank, world, symbol,
+                                                             config_lib.margin_of(cfg).subcenters)
+                      if resume is None else None)
     plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
+    # the float32 embedding without dropout, exported at the end; a symbol file's graph is trained as it is
+    inference = symbol if symbols.is_symbol_file(cfg.network) else inference_symbol(cfg.network, cfg.embedding_size)
     evaluation = None
     if rank == 0:
-        eval_symbol = symbol if cfg.fp16 else inference_symbol(cfg.network, cfg.embedding_size, cfg.network_output)
-        evaluation = TrainingEvaluation(cfg.val_targets, cfg.ijb_targets, eval_symbol, ctx, cfg.val_batch_size,
-                                        cfg.image_size)
+        evaluation = TrainingEvaluation(cfg.val_targets, cfg.ijb_targets, symbol if cfg.fp16 else inference, ctx,
+                                        cfg.val_batch_size, cfg.image_size)
     data.seek(resume.step if resume else 0)
-    return Setup(cfg, ctx, data, symbol, evaluation, plan, schedule, resume, start, teacher)
+    return Setup(cfg, ctx, data, symbol, inference, evaluation, plan, schedule, resume, starting_point, teacher)
 
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol,
@@ -177,12 +180,12 @@ def train(cfg: config_lib.Config) -> dict:
             log.info(resume_lib.describe(resume))
             if plan.length_note:
                 log.info(plan.length_note)
-            if cfg.pretrained or cfg.init_centers != "random":
+            if cfg.pretrained or cfg.init_centers != config_lib.INIT_RANDOM:
                 log.info("--pretrained and --init_centers are not used: a resumed run continues its checkpoint")
         else:
             with watchdog.working("the starting point"):
-                start_lib.apply_start(setup.start, module, head, getattr(setup.data, "source", None), cfg, rank,
-                                      world)
+                starting_point_lib.apply_starting_point(setup.starting_point, module, head,
+                                                        getattr(setup.data, "source", None), cfg, rank, world)
         seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
         if rank == 0:
             log.info(plan.describe(cfg.batch_size, world, cfg.grad_accum, cfg.lr_schedule))
@@ -204,6 +207,13 @@ class Trainer:
         self.metrics = None
         self.start_step = start_step        # the first step this run trains is start_step + 1
         self.samples_at_start = 0 if setup.resume is None else checkpoint.samples_seen(setup.resume.state)
+        # --freeze_backbone_steps in samples, so that a resume on another global batch freezes as long
+        frozen_steps, batch = self.cfg.freeze_backbone_steps, setup.plan.global_batch
+        if setup.resume is not None:
+            saved = setup.resume.state
+            self.freeze_until_samples = saved.get("freeze_until_samples", frozen_steps * saved["global_batch"])
+        else:
+            self.freeze_until_samples = frozen_steps * batch
 
     def samples_seen(self, step: int) -> int:
         """Samples trained when `step` (this run's numbering) is done, over every run resumed into this
@@ -227,9 +237,12 @@ class Trainer:
             if cfg.val_at_start and start_step == 0:
                 with comm.fail_together("verification"):
                     self.verify(0)
-            if start_step < cfg.freeze_backbone_steps and self.rank == 0:
-                log.info(f"steps {start_step + 1}..{min(cfg.freeze_backbone_steps, plan.max_update)} train only the "
-                         "class centers (--freeze_backbone_steps); the backbone trains after them")
+            frozen_until = start_step + max(0, -(-(self.freeze_until_samples - self.samples_seen(start_step))
+                                                  // plan.global_batch))
+            if frozen_until > start_step and self.rank == 0:
+                log.info(f"steps {start_step + 1}..{min(frozen_until, plan.max_update)} train only the class centers "
+                         f"(--freeze_backbone_steps: until {self.freeze_until_samples:,} samples); the backbone "
+                         "trains after them")
             for step in range(start_step, plan.max_update):
                 fetch_started = time.time()
                 batch = next(data)            # waits only when decoding falls behind
@@ -237,7 +250,7 @@ class Trainer:
                 lr = schedule(step)
                 try:
                     loss = self.module.step(batch.data, batch.labels, lr, window.timing_next_step(),
-                                            train_backbone=step >= cfg.freeze_backbone_steps)
+                                            train_backbone=self.samples_seen(step) >= self.freeze_until_samples)
                 except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
                     raise type(error)(f"step {step + 1}: {error}") from None
                 window.step_done()
@@ -313,7 +326,8 @@ class Trainer:
         state = checkpoint.State(steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
                                  max_update=plan.max_update, samples_seen=self.samples_seen(step),
                                  num_images=plan.num_images, best=self.best, config=cfg.to_dict(),
-                                 margin_state=self.head.margin.state())
+                                 margin_state=self.head.margin.state(),
+                                 freeze_until_samples=self.freeze_until_samples)
         with watchdog.working("checkpoint"):
             return checkpoint.save(self.run_folder.checkpoints, step, module=self.module,
                                    bank=self.head.bank, symbol=self.setup.symbol, state=state,
@@ -325,9 +339,8 @@ class Trainer:
         The final verification measures exactly the exported file's parameters,
         so its figures and thresholds describe that file.
         """
-        cfg = self.cfg
         prefix = self.run_folder.model
-        symbol = inference_symbol(cfg.network, cfg.embedding_size, cfg.network_output)
+        symbol = self.setup.inference
         params = float32_params(symbol, backbone.average_arg, backbone.average_aux, "the rank-averaged backbone")
         export_model(prefix, symbol, *params)
         results = self.verify(self.plan.max_update, params)
