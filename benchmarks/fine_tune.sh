@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fine-tune and distillation figures of issue 25, through config.sh on NP = 2 local ranks.
+# Fine-tuning a trained model and distilling it into a smaller student, through config.sh on NP = 2 local ranks.
 # Model A is the synthetic default of `make run` (500 identities x 32 images, r18-lite 128-d, cosface-small,
 # 250 steps), trained once into $OUT/a and kept (delete it to train it again). Set B is another synthetic set:
 # 200 identities x 16 images drawn with seed 7 (other identities than A's seed 0), 1000 held-out val pairs.

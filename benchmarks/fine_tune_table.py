@@ -114,18 +114,23 @@ def main() -> None:
           f"{'; every run on B also ' + args.extra if args.extra else ''}. Model A: {root / 'a'} "
           f"({model_a.get('network', '?')} {model_a.get('embedding_size', '?')}-d, {model_a.get('loss', '?')}).")
 
-    print(f"\n### Fine-tuning A on set B ({steps} steps)\n")
-    print("| run | options | loss, first step | loss, last step | verification at 0 | verification at "
-          f"{steps} | seconds | load |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in args.fine_tune:
-        f, why = figures[name], state(name)
-        options = options_of(f["config"], root, model_a) if f["config"] else ""
-        if why:
-            print(f"| {name} | {options} | {why} | | | | {runs.get(name, {}).get('seconds', 0):.0f} | |")
-            continue
-        print(f"| {name} | {options} | {loss_cell(f['first'])} | {loss_cell(f['last'])} | {fmt(f['acc_start'])} "
-              f"| {fmt(f['acc_end'])} | {runs[name]['seconds']:.0f} | {runs[name]['load']} |")
+    def table(title: str, names: "list[str]", headings: "list[str]", cells) -> None:
+        """One markdown table: a row per run, `cells(figures)` its cells after run and options (a run that
+        failed or did not finish says why instead)."""
+        print(f"\n### {title}\n")
+        print("| " + " | ".join(["run", "options", *headings, "seconds", "load"]) + " |")
+        print("|" + "---|" * (len(headings) + 4))
+        for name in names:
+            f, why = figures[name], state(name)
+            options = options_of(f["config"], root, model_a) if f["config"] else ""
+            run = runs.get(name, {})
+            row = [why] + [""] * (len(headings) - 1) if why else cells(f)
+            print("| " + " | ".join([name, options, *row, f"{run.get('seconds', 0):.0f}", run.get("load", "")])
+                  + " |")
+
+    table(f"Fine-tuning A on set B ({steps} steps)", args.fine_tune,
+          ["loss, first step", "loss, last step", "verification at 0", f"verification at {steps}"],
+          lambda f: [loss_cell(f["first"]), loss_cell(f["last"]), fmt(f["acc_start"]), fmt(f["acc_end"])])
     try:
         verified = json.loads((root / "a-on-b.json").read_text())
         a_on_b = next(iter(verified.values()))["accuracy"]
@@ -140,21 +145,12 @@ def main() -> None:
              and all(abs(figures[name]["acc_start"] - a_on_b) < 1e-9 for name in loaded)
              else " (NOT equal)" if loaded else ""))
 
-    print(f"\n### Distillation on set B ({steps} steps)\n")
-    print("| run | options | distill/cosine, first 5 steps | last 5 steps | loss, first step | loss, last step "
-          f"| verification at {steps} | samples/s per rank (median) | teacher's share of a step (median) "
-          "| seconds | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name in args.distill:
-        f, why = figures[name], state(name)
-        options = options_of(f["config"], root, model_a) if f["config"] else ""
-        if why:
-            print(f"| {name} | {options} | {why} | | | | | | | {runs.get(name, {}).get('seconds', 0):.0f} | |")
-            continue
-        print(f"| {name} | {options} | {fmt(f['cos_first'])} | {fmt(f['cos_last'])} | {loss_cell(f['first'])} "
-              f"| {loss_cell(f['last'])} | {fmt(f['acc_end'])} | {fmt(f['rate'], 1)} "
-              f"| {'' if f['teacher_share'] is None else format(f['teacher_share'], '.0%')} "
-              f"| {runs[name]['seconds']:.0f} | {runs[name]['load']} |")
+    table(f"Distillation on set B ({steps} steps)", args.distill,
+          ["distill/cosine, first 5 steps", "last 5 steps", "loss, first step", "loss, last step",
+           f"verification at {steps}", "samples/s per rank (median)", "teacher's share of a step (median)"],
+          lambda f: [fmt(f["cos_first"]), fmt(f["cos_last"]), loss_cell(f["first"]), loss_cell(f["last"]),
+                     fmt(f["acc_end"]), fmt(f["rate"], 1),
+                     "" if f["teacher_share"] is None else format(f["teacher_share"], ".0%")])
     taught = [n for n in args.distill if figures[n]["config"].get("teacher") and figures[n]["rate"]]
     alone = [n for n in args.distill if not figures[n]["config"].get("teacher") and figures[n]["rate"]]
     if taught and alone:
