@@ -2,6 +2,7 @@
 import os
 import pickle
 
+import cv2
 import numpy as np
 import pytest
 
@@ -143,3 +144,54 @@ def test_bin_with_wrong_structure_is_refused(tmp_path):
         f.write(b"garbage")
     with pytest.raises(BinFormatError, match="not a pickle"):
         load_bin(path)
+
+
+def bins_as_build_eval_pack_writes_them(folder) -> "tuple[list, list]":
+    """(bins, issame) as insightface's recognition/arcface_mxnet/common/build_eval_pack.py makes them: each
+    image the numpy array cv2.imencode('.jpg', im) returns; issame a list of Python booleans."""
+    synthetic_set.write_verification_set(str(folder / "ours.bin"), identities=5, pairs=10, seed=0)
+    images, issame = load_bin(str(folder / "ours.bin"))
+    faces = [np.ascontiguousarray(image.transpose(1, 2, 0)[:, :, ::-1]).astype(np.uint8) for image in images]
+    return [cv2.imencode(".jpg", face)[1] for face in faces], [bool(same) for same in issame]
+
+
+@pytest.mark.parametrize("protocol", [2, 4, pickle.HIGHEST_PROTOCOL])
+def test_bins_of_the_fields_writers_load_as_their_bytes_do(tmp_path, protocol):
+    """build_eval_pack.py's pickle (arrays of cv2.imencode, protocol HIGHEST_PROTOCOL: numpy's _frombuffer),
+    and protocols 2 and 4 (numpy's _reconstruct; protocol 2's bytes as _codecs.encode) give the same images and
+    labels as the same JPEG bytes pickled as bytes; so does a protocol-2 pickle of bytes with numpy booleans."""
+    bins, issame = bins_as_build_eval_pack_writes_them(tmp_path)
+    with open(tmp_path / "bytes.bin", "wb") as f:
+        pickle.dump(([b.tobytes() for b in bins], issame), f)
+    expected_images, expected_issame = load_bin(str(tmp_path / "bytes.bin"))
+    with open(tmp_path / "theirs.bin", "wb") as f:
+        pickle.dump((bins, issame), f, protocol=protocol)
+    images, same = load_bin(str(tmp_path / "theirs.bin"))
+    assert np.array_equal(images, expected_images) and np.array_equal(same, expected_issame)
+    with open(tmp_path / "numpy-bools.bin", "wb") as f:
+        pickle.dump(([b.tobytes() for b in bins], [np.bool_(s) for s in issame]), f, protocol=2)
+    assert np.array_equal(load_bin(str(tmp_path / "numpy-bools.bin"))[1], expected_issame)
+
+
+def test_numpy_2s_names_load_and_arrays_of_other_types_or_classes_are_refused(tmp_path):
+    """numpy 2 pickles arrays under numpy._core; an object array, a float array or a call of numpy.ndarray
+    itself is refused without being built."""
+    bins, issame = bins_as_build_eval_pack_writes_them(tmp_path)
+    raw = pickle.dumps((bins, issame), protocol=2)
+    assert b"numpy.core.multiarray\n_reconstruct" in raw
+    (tmp_path / "numpy2.bin").write_bytes(raw.replace(b"numpy.core.multiarray", b"numpy._core.multiarray"))
+    assert load_bin(str(tmp_path / "numpy2.bin"))[0].shape == (20, 3, 112, 112)
+    for name, payload in (("objects", np.array([b"x", None], dtype=object)),
+                          ("floats", np.zeros(4, dtype=np.float64))):
+        with open(tmp_path / f"{name}.bin", "wb") as f:
+            pickle.dump(([payload, payload], [True]), f, protocol=2)
+        with pytest.raises(BinFormatError, match="a verification .bin holds uint8 images and booleans"):
+            load_bin(str(tmp_path / f"{name}.bin"))
+
+    class HugeArray:
+        def __reduce__(self):
+            return (np.ndarray, ((1 << 40,),))
+    with open(tmp_path / "huge.bin", "wb") as f:
+        pickle.dump(([HugeArray(), HugeArray()], [True]), f, protocol=2)
+    with pytest.raises(BinFormatError, match="not a pickle"):
+        load_bin(str(tmp_path / "huge.bin"))
