@@ -328,6 +328,16 @@ def test_degenerate_landmarks_name_file_and_line(broken, tmp_path, capsys):
     assert "ijbc_name_5pts_score.txt:9: 9.jpg: the five landmarks coincide" in failure(broken, tmp_path, capsys)
 
 
+@pytest.mark.parametrize("score", ["nan", "-0.5", "inf"])
+def test_a_detector_score_that_is_not_a_weight_names_file_and_line(broken, tmp_path, capsys, score):
+    """A NaN score used to turn TAR@FAR=1e-4 from 0.45 to 0.00 (all NaN: a top-1 of 1.0000, NaN in the JSON),
+    exit 0; the score weights the image's feature, so it must be a finite number of at least 0."""
+    path = broken / "meta" / "ijbc_name_5pts_score.txt"
+    edit_line(path, 4, lambda line: " ".join(line.split()[:-1] + [score]))
+    assert (f"ijbc_name_5pts_score.txt:4: 4.jpg: detector score {score}: expected a finite number of at least 0"
+            in failure(broken, tmp_path, capsys))
+
+
 # --- during training -------------------------------------------------------------------------------
 
 def test_training_verifies_an_ijb_set_every_verbose_steps(ijb_set, tmp_path):

@@ -100,6 +100,9 @@ def read_faces(root: str, target: str) -> Faces:
         problem = landmark_problem(points)
         if problem:
             raise IjbDataError(f"{pts_path}:{number}: {fields[0]}: {problem}")
+        if not (np.isfinite(values[10]) and values[10] >= 0):     # it weights the image's feature (ijb.py)
+            raise IjbDataError(f"{pts_path}:{number}: {fields[0]}: detector score {fields[11]}: expected a "
+                               "finite number of at least 0")
         landmarks.append(points)
         scores.append(values[10])
         where.append(f"{pts_path}:{number}")
