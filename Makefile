@@ -18,7 +18,7 @@ lint: setup                  ## the lint alone (rules in pyproject.toml)
 	$(VENV)/bin/ruff check .
 
 run: setup                   ## train the built-in default (synthetic set, $(NP) ranks on localhost, CPU)
-	$(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) bash config.sh $(ARGS)
+	$(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) bash config.sh -- $(ARGS)
 
 run-head: setup              ## the head alone on synthetic embeddings, $(NP) ranks
 	OMP_NUM_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \

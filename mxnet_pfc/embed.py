@@ -72,6 +72,18 @@ def embed_files(embedder: Embedder, paths: "list[str]", resize: bool, chunk: int
     return np.concatenate(out)
 
 
+def cosine_threshold(text: str) -> float:
+    """argparse type of --threshold: a cosine similarity, a finite number in [-1, 1] (NaN would call every
+    pair different)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not -1.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a cosine similarity in [-1, 1], got {text!r}")
+    return value
+
+
 def default_threshold(model: str) -> float:
     """Cosine threshold of the training's final verification, stored next to the model."""
     prefix = RunFolder(model).model if os.path.isdir(model) else model.partition(",")[0]
@@ -93,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("images", nargs="*", help="images or folders to embed")
     parser.add_argument("--out", default="embeddings.npy", help="where the embeddings go (default %(default)s)")
     parser.add_argument("--pair", nargs=2, metavar=("A", "B"), help="compare two faces")
-    parser.add_argument("--threshold", type=float, default=None,
+    parser.add_argument("--threshold", type=cosine_threshold, default=None,
                         help="cosine similarity above which a pair is the same person (default: the cosine "
                              "threshold of the model's training verification, model-verification.json)")
     parser.add_argument("--gallery", default="", help="folder of identity sub-folders, each an identity (with --probe)")

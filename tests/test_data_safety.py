@@ -87,6 +87,35 @@ def test_header_label_that_is_not_two_numbers_is_named(tmp_path):
     assert proc.returncode == 1 and "header record has label [nan, 12.0]" in proc.stdout, proc.stdout[-3000:]
 
 
+def test_an_index_with_a_negative_or_shared_offset_and_a_property_file_without_classes_are_named(tmp_path):
+    """Issue 26: a .idx line edited to a negative offset or to another record's offset passed the start-up
+    check; a property file of 0 or -5 identities gave a line per record instead of naming the file; and the
+    check of a folder without train.rec said 'no header and no property file' instead of 'no such file'."""
+    data = tmp_path / "data"
+    synthetic_set.generate(str(data), identities=4, images_per_identity=2, val_identities=4, val_pairs=10)
+    index = (data / "train.idx").read_text().splitlines()
+    for edit, expected in (
+            (lambda lines: lines[:2] + [lines[2].split("\t")[0] + "\t-8"] + lines[3:],
+             "record 2 has byte offset -8, before the start of"),
+            (lambda lines: lines[:3] + [lines[3].split("\t")[0] + "\t" + lines[2].split("\t")[1]] + lines[4:],
+             "records 2 and 3 both start at byte")):
+        (data / "train.idx").write_text("\n".join(edit(index)) + "\n")
+        proc = run_command(limited(CHECK + [data]), timeout=120)
+        assert proc.returncode == 1 and expected in proc.stdout and "index is damaged" in proc.stdout, \
+            proc.stdout[-3000:]
+    (data / "train.idx").write_text("\n".join(index) + "\n")
+    for count in ("0", "-5"):
+        (data / "property").write_text(f"{count},112,112")
+        proc = run_command(limited(CHECK + [data]), timeout=120)
+        assert proc.returncode == 1 and f"property: states {count} identities: a training set has at least one" \
+            in proc.stdout, proc.stdout[-3000:]
+        assert "damaged record" not in proc.stdout
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_command(limited(CHECK + [empty]), timeout=120)
+    assert proc.returncode == 1 and f"{empty / 'train.rec'}: no such file" in proc.stdout, proc.stdout[-3000:]
+
+
 # -- 2. OUTPUT/images-index.json is checked against ROOT, not believed
 
 def test_edited_index_entries_are_not_opened(tmp_path, caplog):

@@ -218,6 +218,13 @@ def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
     for args, message in cases:
         proc = run_command([sys.executable, "-m", *args], timeout=120)
         assert proc.returncode == 1 and message in proc.stdout, (args, proc.stdout[-2000:])
+    for option, value, message in (("--threshold", "nan", "expected a cosine similarity in [-1, 1], got 'nan'"),
+                                   ("--threshold", "1.5", "expected a cosine similarity in [-1, 1], got '1.5'"),
+                                   ("-k", "0", "expected a whole number of at least 1, got '0'"),
+                                   ("-k", "-1", "expected a whole number of at least 1, got '-1'")):
+        proc = run_command([sys.executable, "-m", "mxnet_pfc.embed", run, "--pair", tmp_path / "big.png",
+                            tmp_path / "big.png", option, value], timeout=60)
+        assert proc.returncode == 2 and message in proc.stdout, (option, value, proc.stdout[-2000:])
 
 
 @pytest.mark.parametrize("command", ["mxnet_pfc.export", "mxnet_pfc.verify", "mxnet_pfc.embed",

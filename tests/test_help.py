@@ -1,6 +1,7 @@
 """Every option of every command has a sentence in --help (issue: options showing only a default)."""
 import argparse
 import importlib
+import subprocess
 
 import pytest
 
@@ -46,3 +47,11 @@ def test_every_option_says_what_it_is(command, monkeypatch):
         if given_default and "default" not in (action.help or "").lower():
             missing.append(f"{name}: help {action.help!r} does not say its default {action.default!r}")
     assert not missing, "\n".join(missing)
+
+
+def test_make_run_passes_its_args_after_the_separator():
+    """`make run ARGS="--network mbf"`: horovodrun would take --network for its --network-interface, so the
+    Makefile puts ARGS after config.sh's "--" (issue 26)."""
+    proc = subprocess.run(["make", "-n", "run", "ARGS=--network mbf"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert "bash config.sh -- --network mbf" in proc.stdout, proc.stdout + proc.stderr

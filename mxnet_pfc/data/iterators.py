@@ -34,6 +34,8 @@ def count_classes(rec_path: str) -> int:
     """The number of identities of a RecordIO set: its `property` file (InsightFace's
     `num_classes,112,112`) when there is one, else its header record."""
     count, _ = stated_classes(rec_path)
+    if count is None and not os.path.exists(rec_path):
+        raise DataError(f"{rec_path}: no such file")
     if count is None:
         raise DataError(f"{rec_path}: the set has no header record and no `property` file beside it, so its "
                         "number of identities is unknown: give it with --num_classes")

@@ -46,7 +46,9 @@ def read_property(folder: str) -> "tuple[int, int, int]":
 
 
 def check_class_count(num_classes: int, source: str) -> None:
-    """Refuse more classes than float32 labels can name exactly (RecordIO labels are float32)."""
+    """Refuse no classes, and more than float32 labels can name exactly (RecordIO labels are float32)."""
+    if num_classes < 1:
+        raise DataError(f"{source}: states {num_classes} identities: a training set has at least one")
     if num_classes > MAX_CLASSES:
         raise DataError(f"{source}: states {num_classes:,} identities, but RecordIO labels are float32 and "
                         f"name class ids exactly only up to 2^24 = {MAX_CLASSES:,}: this set cannot "
@@ -116,6 +118,17 @@ def check_offsets(reader: mx.recordio.MXIndexedRecordIO, rec_path: str, idx_path
     size = os.path.getsize(rec_path)
     keys = np.fromiter(reader.idx.keys(), dtype=np.int64, count=len(reader.idx))
     offsets = np.fromiter(reader.idx.values(), dtype=np.int64, count=len(reader.idx))
+    negative = offsets < 0
+    if negative.any():
+        first = int(np.flatnonzero(negative)[0])
+        raise DataError(f"{idx_path}: record {keys[first]} has byte offset {offsets[first]}, before the start of "
+                        f"{rec_path}: the index is damaged")
+    order = np.argsort(offsets, kind="stable")
+    shared = np.flatnonzero(np.diff(offsets[order]) == 0)
+    if shared.size:
+        a, b = int(order[shared[0]]), int(order[shared[0] + 1])
+        raise DataError(f"{idx_path}: records {keys[a]} and {keys[b]} both start at byte {offsets[a]}: the index is "
+                        "damaged (each record has its own place in the .rec)")
     beyond = offsets + 8 > size
     if beyond.any():
         first = int(np.flatnonzero(beyond)[offsets[beyond].argmin()])
