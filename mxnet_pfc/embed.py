@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resize", action="store_true",
                         help=f"resize faces that are not {FACE_SIZE}x{FACE_SIZE} "
                              "(default: refuse them, naming the file)")
-    parser.add_argument("--batch-size", type=positive_int, default=32,
+    parser.add_argument("--batch-size", "--batch_size", type=positive_int, default=32,
                         help="images per forward pass (default: %(default)s)")
     add_context_option(parser)
     return parser

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", default="IJBC", choices=["IJBC", "IJBB"],
                         help="which set: it names the meta files (ijbc_..., ijbb_...) and the galleries "
                              "(G1/G2, S1/S2) (default: %(default)s)")
-    parser.add_argument("--batch-size", type=positive_int, default=64,
+    parser.add_argument("--batch-size", "--batch_size", type=positive_int, default=64,
                         help="images per forward pass; each is embedded with its mirror (default: %(default)s)")
     parser.add_argument("--output", default="output/ijb",
                         help="folder for ijb-<target>.json and the PNG plots (default: %(default)s)")

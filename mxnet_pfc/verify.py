@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="exported prefix[,epoch], checkpoint folder or training output folder")
     parser.add_argument("bins", nargs="+", help="verification .bin files")
-    parser.add_argument("--batch-size", type=positive_int, default=64,
+    parser.add_argument("--batch-size", "--batch_size", type=positive_int, default=64,
                         help="images per forward pass; each is embedded with its mirror (default: %(default)s)")
     add_context_option(parser)
     parser.add_argument("--json", default="", help="also write the results to this JSON file (default: print only)")

@@ -55,3 +55,11 @@ def test_make_run_passes_its_args_after_the_separator():
     proc = subprocess.run(["make", "-n", "run", "ARGS=--network mbf"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert "bash config.sh -- --network mbf" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("command", ["mxnet_pfc.verify", "mxnet_pfc.embed", "mxnet_pfc.ijb"])
+def test_the_commands_take_the_trainers_spelling_of_batch_size(command):
+    """The trainer's option is --batch_size (its fields' names); the commands' --batch-size also answers to it."""
+    module = importlib.import_module(command)
+    action = next(a for a in module.build_parser()._actions if a.dest == "batch_size")
+    assert {"--batch-size", "--batch_size"} <= set(action.option_strings)
