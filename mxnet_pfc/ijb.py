@@ -71,7 +71,17 @@ def print_report(target: str, mode: str, report: dict) -> None:
     for name, entry in report.get("identification", {}).items():
         tops = ", ".join(f"top-{k} {entry[f'top{k}']:.4f}" for k in ijb_metrics.RANKS)
         tpirs = ", ".join(f"TPIR@FPIR={f} {v['tpir']:.4f}" for f, v in entry["fpir"].items())
-        print(f"{target} 1:N [{mode}] {name}: {tops}, {tpirs}")
+        theirs = entry["insightface"]
+        if name == "mean":
+            their_tops = ", ".join(f"top-{k} {theirs[f'top{k}']:.4f}" for k in ijb_metrics.RANKS)
+            label = "pooled over all probes"
+        else:
+            their_tops = ", ".join(f"top-{k} {theirs['hits'][k] / max(theirs['mated_probes'], 1):.4f}"
+                                   for k in ijb_metrics.RANKS)
+            label = "its counts"
+        their_tpirs = ", ".join(f"TPIR@FPIR={f} {v:.4f}" for f, v in theirs["fpir"].items())
+        print(f"{target} 1:N [{mode}] {name}: {tops}, {tpirs} (as InsightFace's ijb_evals prints, {label}: "
+              f"{their_tops}, {their_tpirs})")
 
 
 def run(args) -> None:

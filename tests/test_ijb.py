@@ -183,6 +183,61 @@ def test_cmc_and_tpir_equal_loops():
         assert (tpir, threshold) == brute_tpir(similarity, probes, gallery, fpir) and achieved <= fpir
 
 
+def their_evaluation_1N(similarity, query_ids, reg_ids, fars):
+    """InsightFace's recognition/_evaluation_/ijb/ijb_evals.py evaluation_1N (at 7fadd420), its loop and
+    threshold as written there, on a similarity matrix instead of the features it multiplies."""
+    top_1_count, top_5_count, top_10_count = 0, 0, 0
+    pos_sims, neg_sims, non_gallery_sims = [], [], []
+    for index, query_id in enumerate(query_ids):
+        if query_id in reg_ids:
+            gallery_label = np.argwhere(reg_ids == query_id)[0, 0]
+            index_sorted = np.argsort(similarity[index])[::-1]
+            top_1_count += gallery_label in index_sorted[:1]
+            top_5_count += gallery_label in index_sorted[:5]
+            top_10_count += gallery_label in index_sorted[:10]
+            pos_sims.append(similarity[index][reg_ids == query_id][0])
+            neg_sims.append(similarity[index][reg_ids != query_id])
+        else:
+            non_gallery_sims.append(similarity[index])
+    pos_sims, neg_sims, non_gallery_sims = np.array(pos_sims), np.array(neg_sims), np.array(non_gallery_sims)
+    correct_pos_cond = pos_sims > neg_sims.max(1)
+    non_gallery_sims_sorted = np.sort(non_gallery_sims.max(1))[::-1]
+    recalls = []
+    for far in fars:
+        thresh = non_gallery_sims_sorted[max(int((non_gallery_sims_sorted.shape[0]) * far) - 1, 0)]
+        recalls.append(np.logical_and(correct_pos_cond, pos_sims > thresh).sum() / pos_sims.shape[0])
+    return top_1_count, top_5_count, top_10_count, recalls
+
+
+def test_insightfaces_1n_figures_are_reproduced_and_printed_beside_ours(ijb_set, tmp_path, capsys):
+    """Galleries of 40 and 25 subjects, every probe mated in one of them (IJB-C's mixed protocol): the counts
+    and TPIRs equal ijb_evals' loop; its mean top-1 is pooled (hits of both over all probes), ours the mean of
+    the galleries' rates, and the two differ because the galleries differ in size."""
+    rng = np.random.default_rng(5)
+    g1, g2 = np.arange(40), np.arange(40, 65)
+    probes = rng.integers(0, 65, 900)
+    report = {}
+    for name, gallery in (("G1", g1), ("G2", g2)):
+        similarity = rng.normal(size=(900, len(gallery))) + (probes[:, None] == gallery) * 1.6
+        theirs = ijb_metrics.identification_as_ijb_evals(similarity, probes, gallery, fpirs=(0.01, 0.1))
+        counts = their_evaluation_1N(similarity, probes, gallery, (0.01, 0.1))
+        assert [theirs["hits"][k] for k in (1, 5, 10)] == list(counts[:3])
+        assert [theirs["fpir"][f] for f in ("0.01", "0.1")] == [float(r) for r in counts[3]]
+        report[name] = (theirs, ijb_metrics.cmc(similarity, probes, gallery)[1])
+    pooled = (report["G1"][0]["hits"][1] + report["G2"][0]["hits"][1]) / len(probes)
+    mean_of_rates = (report["G1"][1] + report["G2"][1]) / 2
+    assert abs(pooled - mean_of_rates) > 1e-4
+    # the command prints both
+    root, _ = ijb_set
+    code, found = run(root, colour_grid_model(tmp_path / "grid"), tmp_path / "out")
+    assert code == 0
+    printed = capsys.readouterr().out
+    mean = found["identification"]["mean"]
+    assert f"mean: top-1 {mean['top1']:.4f}" in printed
+    assert f"(as InsightFace's ijb_evals prints, pooled over all probes: top-1 {mean['insightface']['top1']:.4f}" \
+        in printed
+
+
 # --- the command ---------------------------------------------------------------------------------------
 
 def test_an_informative_model_beats_a_collapsed_one(ijb_set, tmp_path, capsys):

@@ -73,14 +73,22 @@ def identification_report(features, templates, one_to_n) -> "tuple[dict, dict]":
         for fpir in ijb_metrics.FPIRS:
             tpir, achieved, threshold = ijb_metrics.tpir_at_fpir(similarity, probe_subjects, gallery_subjects, fpir)
             entry["fpir"][f"{fpir:g}"] = {"tpir": tpir, "achieved_fpir": achieved, "threshold": threshold}
+        entry["insightface"] = ijb_metrics.identification_as_ijb_evals(similarity, probe_subjects, gallery_subjects)
         report[name] = entry
         curves[name] = (ranks, [cmc[k] for k in ranks])
     galleries = list(report)
+    theirs = [report[g]["insightface"] for g in galleries]
     report["mean"] = {**{f"top{k}": float(np.mean([report[g][f"top{k}"] for g in galleries]))
                          for k in ijb_metrics.RANKS},
                       "fpir": {f"{f:g}": {"tpir": float(np.mean([report[g]["fpir"][f"{f:g}"]["tpir"]
                                                                   for g in galleries]))}
-                               for f in ijb_metrics.FPIRS}}
+                               for f in ijb_metrics.FPIRS},
+                      # ijb_evals.py's "[Mean]": hits of both galleries over all probes; its TPIRs' mean
+                      "insightface": {**{f"top{k}": sum(t["hits"][k] for t in theirs) / len(probe_subjects)
+                                         for k in ijb_metrics.RANKS},
+                                      "fpir": {f"{f:g}": float(np.mean([t["fpir"][f"{f:g}"] for t in theirs]))
+                                               for f in ijb_metrics.FPIRS
+                                               if all(f"{f:g}" in t["fpir"] for t in theirs)}}}
     return report, curves
 
 

@@ -120,3 +120,43 @@ def tpir_at_fpir(similarity: np.ndarray, probe_subjects: np.ndarray, gallery_sub
     threshold = non_mated_tops[allowed] if allowed < len(non_mated_tops) else -np.inf
     hits = (mate_rank[mated] == 1) & (mate_score[mated] > threshold)
     return float(np.mean(hits)), float(np.mean(non_mated_tops > threshold)), float(threshold)
+
+
+def identification_as_ijb_evals(similarity: np.ndarray, probe_subjects: np.ndarray, gallery_subjects: np.ndarray,
+                                fpirs=FPIRS, chunk: int = 1024) -> dict:
+    """One gallery's 1:N figures as InsightFace's ijb_evals.py (evaluation_1N) counts them, to print beside ours.
+
+    - top-k: a mated probe counts when the first gallery template of its subject is among the first k of
+      numpy's argsort of its scores, reversed; the figures are counts (`hits`), which ijb_evals divides by
+      all probes of both galleries together (`pooled`), where ours averages the galleries' rates;
+    - TPIR at FPIR: t is the int(fpir * n)-th highest top score of the n non-mated probes (the first when
+      that is 0), so int(fpir * n) - 1 of them are above it, one fewer than ours; a mated probe counts when
+      its mate scores above every other gallery template and above t.
+    """
+    mated = np.isin(probe_subjects, gallery_subjects)
+    first_mate = {int(s): int(np.flatnonzero(gallery_subjects == s)[0]) for s in np.unique(probe_subjects[mated])}
+    hits = {k: 0 for k in RANKS}
+    positives, best_other, non_mated_tops = [], [], []
+    for start in range(0, len(probe_subjects), chunk):
+        scores = similarity[start:start + chunk]
+        order = np.argsort(scores, axis=1)[:, ::-1][:, :max(RANKS)]
+        for row, subject in enumerate(probe_subjects[start:start + chunk]):
+            if int(subject) in first_mate:
+                label = first_mate[int(subject)]
+                for k in RANKS:
+                    hits[k] += int(label in order[row, :k])
+                is_mate = gallery_subjects == subject
+                positives.append(scores[row][is_mate][0])
+                best_other.append(scores[row][~is_mate].max() if (~is_mate).any() else -np.inf)
+            else:
+                non_mated_tops.append(scores[row].max())
+    positives, best_other = np.array(positives), np.array(best_other)
+    tops = np.sort(np.array(non_mated_tops))[::-1]
+    fpir_figures = {}
+    for fpir in fpirs:
+        if len(tops) and len(positives):
+            threshold = tops[max(int(len(tops) * fpir) - 1, 0)]
+            fpir_figures[f"{fpir:g}"] = float(np.sum((positives > best_other) & (positives > threshold))
+                                              / len(positives))
+    return {"hits": hits, "mated_probes": int(len(positives)), "fpir": fpir_figures}
+
