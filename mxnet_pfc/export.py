@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 
-from mxnet_pfc.models.export import export_model, export_onnx
+from mxnet_pfc.models.export import ONNX_OPSETS, export_model, export_onnx
 from mxnet_pfc.models.inference import ModelError, load_model
 from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
 from mxnet_pfc.runtime.errors import exit_status
@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", default="",
                         help="output prefix (default: OUTPUT/model for a training output or checkpoint folder)")
     parser.add_argument("--onnx", action="store_true", help="also write PREFIX.onnx (default: off)")
+    parser.add_argument("--opset", type=int, choices=ONNX_OPSETS, default=ONNX_OPSETS[-1],
+                        help="ONNX opset of PREFIX.onnx, written with IR version 7, which evaluation servers' "
+                             "older ONNX Runtimes read (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="write PREFIX.onnx and check it: input/output shapes, float16 weights, size, finite "
                              "outputs, latency, embeddings against MXNet's; results in PREFIX-onnx-check.json "
@@ -63,7 +66,7 @@ def run(args) -> int:
     files = export_model(prefix, symbol, arg_params, aux_params)
     log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
     if args.onnx or args.check:
-        log.info(f"ONNX: {export_onnx(prefix, ModelFiles(prefix).onnx)}")
+        log.info(f"ONNX (opset {args.opset}): {export_onnx(prefix, ModelFiles(prefix).onnx, opset=args.opset)}")
     if args.check:
         onnx = ModelFiles(prefix).onnx
         checks = check_onnx(onnx, prefix, max_latency_ms=args.max_latency_ms, tolerance=args.tolerance)

@@ -85,10 +85,13 @@ def test_export_check_passes_on_the_exported_model(checked):
     prefix, proc = checked
     assert proc.returncode == 0, proc.stdout[-3000:]
     report = json.load(open(f"{prefix}-onnx-check.json"))
-    assert report["passed"] and all(c["ok"] for c in report["checks"]) and len(report["checks"]) == 11
+    assert report["passed"] and all(c["ok"] for c in report["checks"]) and len(report["checks"]) == 15
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok: ", "FAILED: "))]
-    assert len(lines) == 11 and all(line.startswith("ok: ") for line in lines), proc.stdout[-3000:]
-    assert "ok: one input N x 3 x 112 x 112, batch dimension N free (N x 3 x 112 x 112)" in lines
+    assert len(lines) == 15 and all(line.startswith("ok: ") for line in lines), proc.stdout[-3000:]
+    assert "ok: [MFR server] one input N x 3 x 112 x 112 (N x 3 x 112 x 112)" in lines
+    assert ("ok: [MFR server] opset at most 14 and IR version at most 7 (the server's ONNX Runtime 1.8) "
+            "(opset 13, IR 7)") in lines
+    assert {c["rule"] for c in report["checks"]} == {"MFR server", "ours"}
     # the embeddings check really compares with MXNet: the recorded differences are tiny but measured
     compared = [c for c in report["checks"] if c["name"].startswith("embeddings equal MXNet's")]
     assert len(compared) == 2 and all(0 <= float(c["value"]) < 1e-4 for c in compared)
@@ -112,17 +115,31 @@ def doctor(onnx_path, out_path, how):
         graph.node.insert(0, helper.make_node("Cast", [half.name], [weight.name], to=TensorProto.FLOAT))
     elif how == "two outputs":
         graph.output.append(helper.make_tensor_value_info(graph.node[-1].input[0], TensorProto.FLOAT, ["N", None]))
+    elif how == "uint8":        # an initialiser the server refuses for its width, used or not
+        graph.initializer.append(numpy_helper.from_array(np.zeros(4, np.uint8), "lookup_table"))
+    elif how == "div":          # the input scaled by a node named Div, which the server accepts with the Sub
+        scale = next(node for node in graph.node[:8] if node.name.startswith("_mul"))
+        scale.name = "Div_input"
+    elif how == "opset 15":
+        model.opset_import[0].version = 15
     onnx.checker.check_model(model)
     onnx.save(model, out_path)
     return how, weight.name + "_half" if how == "float16" else ""
 
 
 @pytest.mark.parametrize("how, failed", [
-    ("fixed batch", "FAILED: one input N x 3 x 112 x 112, batch dimension N free (1 x 3 x 112 x 112)"),
-    ("float16", "FAILED: no float16 initialisers (1; "),
-    ("two outputs", "FAILED: exactly one output (2; fc1, "),
+    ("fixed batch", "FAILED: [ours] batch dimension N free (the server frees a fixed one itself; other runtimes do "
+                    "not) (1 x 3 x 112 x 112)"),
+    ("float16", "FAILED: [MFR server] no initialiser narrower than 4 bytes an element (float16, uint8 ...) (1; "),
+    ("two outputs", "FAILED: [MFR server] exactly one output (2; fc1, "),
+    ("uint8", "FAILED: [MFR server] no initialiser narrower than 4 bytes an element (float16, uint8 ...) (1; "
+              "lookup_table (uint8))"),
+    ("opset 15", "FAILED: [MFR server] opset at most 14 and IR version at most 7 (the server's ONNX Runtime 1.8) "
+                 "(opset 15, IR 7)"),
 ])
 def test_onnx_check_fails_a_doctored_model(checked, tmp_path, how, failed):
+    """Issue 26: the server refuses initialisers narrower than 4 bytes (uint8 passed before) and an opset its
+    ONNX Runtime 1.8 cannot read; a fixed batch is our rule, not the server's (it frees the dimension)."""
     prefix, _ = checked
     _, half_name = doctor(f"{prefix}.onnx", tmp_path / "bad.onnx", how)
     proc = run_command([sys.executable, "-m", "mxnet_pfc.onnx_check", tmp_path / "bad.onnx", "--model", prefix],
@@ -131,10 +148,35 @@ def test_onnx_check_fails_a_doctored_model(checked, tmp_path, how, failed):
     assert half_name in proc.stdout
     report = json.load(open(tmp_path / "bad-onnx-check.json"))
     failures = [c["name"] for c in report["checks"] if not c["ok"]]
-    assert not report["passed"] and failed.split(": ", 1)[1].startswith(failures[0])
+    assert not report["passed"] and failed.split("] ", 1)[1].startswith(failures[0])
     if how == "fixed batch":       # batch 32 cannot run; batch 1 still matches MXNet
-        assert "FAILED: finite outputs on a batch of 32 (did not run" in proc.stdout
-        assert "ok: embeddings equal MXNet's at batch 1" in proc.stdout
+        assert "FAILED: [MFR server] finite outputs on a batch of 32 (did not run" in proc.stdout
+        assert "ok: [ours] embeddings equal MXNet's at batch 1" in proc.stdout
+
+
+def test_the_servers_input_rule_accepts_div_and_it_refuses_a_graph_of_fewer_than_8_nodes(checked, tmp_path):
+    """The server takes Sub and Div among the first 8 nodes as input scaling (this check failed such a model);
+    and it refuses a graph of fewer than 8 nodes, which this check passed."""
+    prefix, _ = checked
+    doctor(f"{prefix}.onnx", tmp_path / "div.onnx", "div")
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.onnx_check", tmp_path / "div.onnx"], timeout=120)
+    assert proc.returncode == 0 and "ok: [ours] normalises its own input" in proc.stdout, proc.stdout[-3000:]
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("Sub", ["data", "mean"], ["centred"], name="Sub_0"),
+             helper.make_node("Mul", ["centred", "scale"], ["scaled"], name="Mul_0"),
+             helper.make_node("Flatten", ["scaled"], ["flat"], name="flatten"),
+             helper.make_node("MatMul", ["flat", "weight"], ["embedding"], name="fc1")]
+    weights = [numpy_helper.from_array(np.array(127.5, np.float32), "mean"),
+               numpy_helper.from_array(np.array(1 / 128, np.float32), "scale"),
+               numpy_helper.from_array(np.zeros((3 * 112 * 112, 8), np.float32), "weight")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("data", TensorProto.FLOAT,
+                                                                            ["N", 3, 112, 112])],
+                              [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["N", 8])], weights)
+    tiny = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    import onnx
+    onnx.save(tiny, tmp_path / "tiny.onnx")
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.onnx_check", tmp_path / "tiny.onnx"], timeout=120)
+    assert proc.returncode == 1 and "FAILED: [MFR server] at least 8 nodes (4)" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_onnx_check_refuses_a_file_that_is_not_onnx(tmp_path):

@@ -10,6 +10,7 @@ PREFIX.onnx with export_onnx (a free batch dimension).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import mxnet as mx
 import numpy as np
@@ -30,13 +31,37 @@ def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_param
     return files.symbol, files.params(0)
 
 
-def export_onnx(prefix: str, onnx_path: str, image_size: int = FACE_SIZE) -> str:
-    """PREFIX's model as ONNX (MXNet 1.9's exporter), batch dimension free."""
+# MXNet 1.9's exporter has converters for opsets 12 and 13; 13 with IR version 7 is what evaluation servers'
+# older ONNX Runtimes read (the MFR server's 1.8 reads opsets up to 14 and IR versions up to 7).
+ONNX_OPSETS = (12, 13)
+ONNX_IR_VERSION = 7
+
+
+@contextmanager
+def _onnx_opset(version: int):
+    """MXNet's export_model writes the installed onnx package's newest opset (onnx.defs.onnx_opset_version(),
+    read inside it): this makes it write `version`."""
+    import onnx.defs
+
+    newest = onnx.defs.onnx_opset_version
+    onnx.defs.onnx_opset_version = lambda: version
+    try:
+        yield
+    finally:
+        onnx.defs.onnx_opset_version = newest
+
+
+def export_onnx(prefix: str, onnx_path: str, image_size: int = FACE_SIZE, opset: int = ONNX_OPSETS[-1]) -> str:
+    """PREFIX's model as ONNX (MXNet 1.9's exporter) at `opset` and IR version ONNX_IR_VERSION, batch
+    dimension free."""
+    if opset not in ONNX_OPSETS:
+        raise ValueError(f"opset {opset}: MXNet 1.9's exporter writes opsets {', '.join(map(str, ONNX_OPSETS))}")
     with atomic_path(onnx_path) as tmp:
         files = ModelFiles(prefix)
-        mx.onnx.export_model(files.symbol, files.params(0),
-                             in_shapes=[(1, 3, image_size, image_size)], in_types=[np.float32],
-                             onnx_file_path=tmp, dynamic=True)
+        with _onnx_opset(opset):
+            mx.onnx.export_model(files.symbol, files.params(0),
+                                 in_shapes=[(1, 3, image_size, image_size)], in_types=[np.float32],
+                                 onnx_file_path=tmp, dynamic=True)
         symbol = mx.sym.load(files.symbol)
         _, out_shapes, _ = symbol.infer_shape(data=(1, 3, image_size, image_size))
         _tidy_onnx(tmp, image_size, out_shapes[0][1])
@@ -76,5 +101,6 @@ def _tidy_onnx(path: str, image_size: int, embedding_size: int) -> None:
         shape.dim.add().dim_param = "N"
         for size in dims:
             shape.dim.add().dim_value = size
+    model.ir_version = ONNX_IR_VERSION      # the package writes its own newest; the opset needs no more
     onnx.checker.check_model(model)
     onnx.save(model, path)

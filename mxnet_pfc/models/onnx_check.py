@@ -1,12 +1,19 @@
 """The checks evaluation servers make of a submitted ONNX face model (docs/evaluation.md "Checking the ONNX model").
 
-InsightFace's MFR challenge (challenges/iccv21-mfr/onnx_helper.py and
-challenges/mfr/README.md) requires one input N x 3 x 112 x 112 with N free, one
-output of at most 512 values, no float16 weights, at most 1024 MB, input
-normalised inside the model (the checker then feeds raw 0..255 pixels) and
-finite outputs; check_onnx also measures the latency per image (ONNX Runtime,
-CPU) and compares the embeddings with MXNet's for the same model. Used by the
-onnx_check command (mxnet_pfc/onnx_check.py) and by `export --check`.
+Each check says whose rule it is. The server's are those of InsightFace's MFR
+challenge checker (challenges/iccv21-mfr/onnx_helper.py, ArcFaceORT.check), as
+it decides them: one output; a 4-d input of 3 x 112 x 112 (it sets a fixed batch
+dimension free itself); at least 8 nodes; no initialiser of fewer than 4 bytes
+an element (float16, uint8 ...); at most 1024 MB; finite outputs for a batch of
+32; at most 512 values; and, since it runs ONNX Runtime 1.8, opset at most 14
+and IR version at most 7. Its input rule decides what it feeds: raw 0..255
+pixels when a node named Sub (or _minus) and one named Mul, _mul or Div are
+among the first 8, else (x - 127.5) / 127.5. Ours: the batch dimension free for
+every runtime, the input normalised inside the model (this project's exports
+take raw pixels, so the server must feed them raw), no float16 Constant, the
+latency per image (ONNX Runtime, CPU) and the embeddings against MXNet's for
+the same model. Used by the onnx_check command (mxnet_pfc/onnx_check.py) and by
+`export --check`.
 """
 from __future__ import annotations
 
@@ -24,6 +31,10 @@ from mxnet_pfc.runtime.files import write_json
 
 MAX_SIZE_MB = 1024.0            # onnx_helper.py: max_model_size_mb
 MAX_EMBEDDING_SIZE = 512        # onnx_helper.py: max_feat_dim (ms1m track; 1024 for glint)
+MIN_NODES = 8                   # onnx_helper.py: "too small onnx graph"
+MIN_WEIGHT_BYTES = 4            # onnx_helper.py: an initialiser's itemsize below this is "invalid weight type"
+MAX_OPSET, MAX_IR_VERSION = 14, 7   # ONNX Runtime 1.8, the server's (ONNX 1.9)
+SERVER, OURS = "MFR server", "ours"
 TOLERANCE = 1e-4                # ONNX vs MXNet, max abs difference / embedding norm
 CHECK_BATCH = 32
 SEED = 0
@@ -40,10 +51,11 @@ class Check:
     ok: bool
     value: object
     detail: str = ""
+    rule: str = SERVER          # whose rule: the MFR server's checker, or this project's own
 
     def line(self) -> str:
         detail = f"; {self.detail}" if self.detail else ""
-        return f"{'ok' if self.ok else 'FAILED'}: {self.name} ({self.value}{detail})"
+        return f"{'ok' if self.ok else 'FAILED'}: [{self.rule}] {self.name} ({self.value}{detail})"
 
 
 def _dims(value) -> list:
@@ -52,15 +64,20 @@ def _dims(value) -> list:
             for d in value.type.tensor_type.shape.dim]
 
 
-def _half_tensors(model) -> "list[str]":
-    """Names of float16/bfloat16 initialisers and Constant values (MFR: any float16 weight is refused)."""
+def _narrow_initialisers(model) -> "list[str]":
+    """The initialisers whose elements take fewer than MIN_WEIGHT_BYTES bytes (float16, uint8 ...), as the server
+    reads them (numpy's itemsize)."""
+    from onnx import numpy_helper
+    return [f"{t.name} ({numpy_helper.to_array(t).dtype.name})" for t in model.graph.initializer
+            if numpy_helper.to_array(t).dtype.itemsize < MIN_WEIGHT_BYTES]
+
+
+def _half_constants(model) -> "list[str]":
+    """Outputs of Constant nodes holding float16/bfloat16 values (the server reads only initialisers)."""
     from onnx import TensorProto
     half = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    names = [t.name for t in model.graph.initializer if t.data_type in half]
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            names += [node.output[0] for a in node.attribute if a.name == "value" and a.t.data_type in half]
-    return names
+    return [node.output[0] for node in model.graph.node if node.op_type == "Constant"
+            for a in node.attribute if a.name == "value" and a.t.data_type in half]
 
 
 def _run(session, images):
@@ -120,22 +137,35 @@ def check_onnx(onnx_path: str, mxnet_prefix: "str | None" = None, *, image_size:
     dims = _dims(inputs[0]) if inputs else []
     free = bool(dims) and (dims[0] is None or isinstance(dims[0], str) or dims[0] <= 0)
     shape = " x ".join("N" if d is None else str(d) for d in dims)
-    checks.append(Check(f"one input N x 3 x {image_size} x {image_size}, batch dimension N free",
-                        len(inputs) == 1 and len(dims) == 4 and free and dims[1:] == [3, image_size, image_size],
+    checks.append(Check(f"one input N x 3 x {image_size} x {image_size}",
+                        len(inputs) == 1 and len(dims) == 4 and dims[1:] == [3, image_size, image_size],
                         shape or "no input", f"{len(inputs)} inputs" if len(inputs) != 1 else ""))
+    checks.append(Check("batch dimension N free (the server frees a fixed one itself; other runtimes do not)",
+                        free, shape or "no input", rule=OURS))
 
-    half = _half_tensors(model)
-    checks.append(Check("no float16 initialisers", not half, len(half), ", ".join(half[:10])))
+    nodes = len(model.graph.node)
+    checks.append(Check(f"at least {MIN_NODES} nodes", nodes >= MIN_NODES, nodes))
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    checks.append(Check(f"opset at most {MAX_OPSET} and IR version at most {MAX_IR_VERSION} (the server's ONNX "
+                        "Runtime 1.8)", opset <= MAX_OPSET and model.ir_version <= MAX_IR_VERSION,
+                        f"opset {opset}, IR {model.ir_version}"))
+
+    narrow = _narrow_initialisers(model)
+    checks.append(Check(f"no initialiser narrower than {MIN_WEIGHT_BYTES} bytes an element (float16, uint8 ...)",
+                        not narrow, len(narrow), ", ".join(narrow[:10])))
+    half = _half_constants(model)
+    checks.append(Check("no float16 Constant values", not half, len(half), ", ".join(half[:10]), rule=OURS))
 
     size_mb = os.path.getsize(onnx_path) / 2**20
     checks.append(Check(f"file size at most {MAX_SIZE_MB:.0f} MB", size_mb <= MAX_SIZE_MB, f"{size_mb:.1f} MB"))
 
-    # the MFR checker feeds raw 0..255 pixels only if a Sub and a Mul come first, else (x - 127.5) / 127.5
-    first = [node.name or node.op_type for node in model.graph.node[:8]]
+    # the server feeds raw 0..255 pixels when it finds these names among the first 8 nodes, else (x - 127.5) / 127.5
+    first = [node.name for node in model.graph.node[:MIN_NODES]]
     normalises = (any(n.startswith(("Sub", "_minus")) for n in first)
-                  and any(n.startswith(("Mul", "_mul")) for n in first))
-    checks.append(Check("normalises its own input (Sub and Mul named among the first 8 nodes: evaluators then feed "
-                        "raw 0..255)", normalises, ", ".join(first[:3])))
+                  and any(n.startswith(("Mul", "_mul", "Div")) for n in first))
+    checks.append(Check("normalises its own input (a node named Sub or _minus and one named Mul, _mul or Div among "
+                        "the first 8: the server then feeds raw 0..255 pixels, as this project's exports take)",
+                        normalises, ", ".join(n or "(unnamed)" for n in first[:3]), rule=OURS))
 
     images = np.random.default_rng(SEED).integers(0, 256, (CHECK_BATCH, 3, image_size, image_size)).astype(np.float32)
     got, error = _run(session, images)
@@ -154,11 +184,11 @@ def check_onnx(onnx_path: str, mxnet_prefix: "str | None" = None, *, image_size:
         name = f"latency per image at batch {batch}" + (limit if batch == 1 else "")
         error = _run(session, images[:batch])[1]
         if error:
-            checks.append(Check(name, False, "did not run", error))
+            checks.append(Check(name, False, "did not run", error, rule=OURS))
             continue
         ms = _latency_ms(session, images[:batch], runs)
         ok = batch != 1 or max_latency_ms is None or ms <= max_latency_ms
-        checks.append(Check(name, ok, f"{ms:.2f} ms", f"median of {runs}, CPU, {os.cpu_count()} cores"))
+        checks.append(Check(name, ok, f"{ms:.2f} ms", f"median of {runs}, CPU, {os.cpu_count()} cores", rule=OURS))
 
     if mxnet_prefix:
         expected = _mxnet_embeddings(mxnet_prefix, images)
@@ -167,11 +197,11 @@ def check_onnx(onnx_path: str, mxnet_prefix: "str | None" = None, *, image_size:
             got, error = _run(session, images[:batch])
             if got is None or got.shape != expected[:batch].shape:
                 checks.append(Check(name, False, "did not run" if got is None else f"shape {got.shape}",
-                                    error or f"MXNet gives {expected[:batch].shape}"))
+                                    error or f"MXNet gives {expected[:batch].shape}", rule=OURS))
                 continue
             norms = np.maximum(np.linalg.norm(expected[:batch], axis=1), 1e-12)
             relative = float((np.abs(got - expected[:batch]).max(axis=1) / norms).max())
-            checks.append(Check(name, relative < tolerance, f"{relative:.2e}"))
+            checks.append(Check(name, relative < tolerance, f"{relative:.2e}", rule=OURS))
     return checks
 
 
