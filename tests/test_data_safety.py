@@ -198,7 +198,7 @@ def test_pack_reads_only_regular_files_under_root(tmp_path):
     skipped["person_004/zz_zero.jpg"] = f"(a symlink to /dev/zero, outside {root})"
     proc = run_command(limited(PACK + [root, tmp_path / "out"]), timeout=60)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert f"{root}: skipped 5 entries that are not image files under it" in proc.stdout, proc.stdout
+    assert f"{root}: skipped 5 entries, not a regular file under it: " in proc.stdout, proc.stdout
     for name, why in skipped.items():
         line = next(line for line in proc.stdout.splitlines() if "skipped" in line)
         assert f"{root / name} {why}" in line, line
@@ -315,3 +315,38 @@ def test_pack_on_devices_names_the_path(tmp_path):
         proc = run_command(limited(PACK + list(args)), timeout=60)
         assert proc.returncode == 1 and message in proc.stdout and "Traceback" not in proc.stdout, proc.stdout
     assert root.exists()
+
+
+def test_a_messy_folder_is_listed_without_its_hidden_entries_and_checked_in_one_pass(tmp_path):
+    """Issue 26: a hidden folder (.ipynb_checkpoints) became class 0; images in sub-folders, identities of only
+    sub-folders, .webp files and empty folders were dropped without a word; and pack stopped at the first bad
+    file (a messy folder took 4 rounds). Now hidden entries are never identities or images, every entry left
+    out is reported by reason, and `data.check FOLDER` names every damaged image in one pass."""
+    root = write_faces(tmp_path / "faces", 4, 3)
+    hidden = write_faces(tmp_path / "faces" / ".ipynb_checkpoints", 1, 2)       # a notebook's copies
+    (root / ".Trash-1000").mkdir()
+    (root / ".DS_Store").write_bytes(b"\0")
+    (root / "person_000" / "face.webp").write_bytes(b"RIFF")
+    (root / "person_001" / "more").mkdir()
+    ((root / "person_001" / "more") / "01.jpg").write_bytes((root / "person_001" / "00.jpg").read_bytes())
+    (root / "only_subfolders" / "inner").mkdir(parents=True)
+    (root / "empty").mkdir()
+    for name in ("person_002/01.jpg", "person_003/02.jpg"):       # two damaged images, in two identities
+        data = bytearray((root / name).read_bytes())
+        data[200:400] = b"\0" * 200
+        (root / name).write_bytes(bytes(data))
+    proc = run_command(CHECK + [root], timeout=120)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    for line in (f"{root}: skipped 3 entries, hidden: {root}/.DS_Store, {root}/.Trash-1000, {hidden}",
+                 f"{root}: skipped 1 entry, not a jpg/jpeg/png/bmp image: {root}/person_000/face.webp",
+                 f"{root}: skipped 2 entries, a folder inside an identity folder (its images are not read): "
+                 f"{root}/only_subfolders/inner, {root}/person_001/more",
+                 f"{root}: skipped 1 entry, an identity folder without images: {root}/empty",
+                 f"{root}: skipped 1 entry, an identity folder without images (only sub-folders): "
+                 f"{root}/only_subfolders"):
+        assert line in proc.stdout, (line, proc.stdout[-3000:])
+    assert f"{root}/person_002/01.jpg" in proc.stdout and f"{root}/person_003/02.jpg" in proc.stdout
+    assert f"{root}: 12 images of 4 identities: 2 damaged image(s)" in proc.stdout
+    # the index training reads has the same four identities, in the same order: the hidden folder is not class 0
+    index = folders.load_index(str(root), str(tmp_path / "out"), write=True)
+    assert index.identities == ["person_000", "person_001", "person_002", "person_003"] and len(index) == 12

@@ -74,43 +74,70 @@ class FolderIndex:
             raise DataError(str(error)) from None
 
 
-def list_identities(root: str) -> "list[tuple[str, list[str]]]":
+SHOWN_SKIPPED = 5        # names shown per reason an entry was left out (all are counted)
+OUTSIDE = "not a regular file under it"
+
+
+def list_identities(root: str, report=None) -> "list[tuple[str, list[str]]]":
     """[(identity folder name, sorted image paths)] for every sub-folder with images.
 
     Only what lies under ROOT is read: a symlink (folder or image) is followed only when it
     resolves inside ROOT, and an image name must be a regular file (not a FIFO, a device or a
-    folder). Entries left out are counted and named in a warning.
+    folder). Hidden entries (.ipynb_checkpoints, .Trash-1000, .DS_Store: a name starting with
+    '.') are never identities or images. Every entry left out is counted by reason, and
+    `report(line)` (default: a logged warning) gets one line per reason with the first names.
     """
     if not os.path.isdir(root):
         raise DataError(f"{root}: not a folder")
     real_root = os.path.realpath(root)
-    identities, skipped = [], []
+    identities, skipped = [], {}
+
+    def skip(reason: str, what: str) -> None:
+        skipped.setdefault(reason, []).append(printable(what))
+
     for entry in sorted_entries(root):
+        if entry.name.startswith("."):
+            skip("hidden", entry.path)
+            continue
         if not entry.is_dir():
             continue                       # a file beside the identity folders (lfw.bin ...)
         if entry.is_symlink() and not inside(real_root, entry.path):
-            skipped.append(f"{printable(entry.path)} (a symlink to {printable(os.path.realpath(entry.path))}, "
-                           f"outside {printable(root)})")
+            skip(OUTSIDE, f"{printable(entry.path)} (a symlink to {printable(os.path.realpath(entry.path))}, "
+                          f"outside {printable(root)})")
             continue
-        images = []
+        images, folders = [], 0
         for image in sorted_entries(entry.path):
-            if not image.name.lower().endswith(IMAGE_SUFFIXES):
-                continue
-            if image.is_symlink() and not inside(real_root, image.path):
-                skipped.append(f"{printable(image.path)} (a symlink to {printable(os.path.realpath(image.path))}, "
-                               f"outside {printable(root)})")
+            if image.name.startswith("."):
+                skip("hidden", image.path)
+            elif image.is_dir():
+                folders += 1
+                skip("a folder inside an identity folder (its images are not read)", image.path)
+            elif not image.name.lower().endswith(IMAGE_SUFFIXES):
+                skip(f"not a {'/'.join(s[1:] for s in IMAGE_SUFFIXES)} image", image.path)
+            elif image.is_symlink() and not inside(real_root, image.path):
+                skip(OUTSIDE, f"{printable(image.path)} (a symlink to {printable(os.path.realpath(image.path))}, "
+                              f"outside {printable(root)})")
             elif not image.is_file():
-                skipped.append(f"{printable(image.path)} ({file_kind(image.path)})")
+                skip(OUTSIDE, f"{printable(image.path)} ({file_kind(image.path)})")
             else:
                 images.append(image.path)
         if images:
             identities.append((entry.name, images))
-    if skipped:
-        log.warning(f"{printable(root)}: skipped {len(skipped)} entries that are not image files under it: "
-                    + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+        else:
+            skip("an identity folder without images" + (" (only sub-folders)" if folders else ""), entry.path)
+    for line in describe_skipped(root, skipped):
+        (report or log.warning)(line)
     if not identities:
         raise DataError(f"{root}: no identity sub-folders with images ({', '.join(IMAGE_SUFFIXES)})")
     return identities
+
+
+def describe_skipped(root: str, skipped: "dict[str, list[str]]") -> "list[str]":
+    """One line per reason entries of ROOT were left out: how many, and the first SHOWN_SKIPPED names."""
+    return [f"{printable(root)}: skipped {len(names)} {'entry' if len(names) == 1 else 'entries'}, {reason}: "
+            + ", ".join(names[:SHOWN_SKIPPED]) + (f" and {len(names) - SHOWN_SKIPPED} more"
+                                                   if len(names) > SHOWN_SKIPPED else "")
+            for reason, names in skipped.items()]
 
 
 def sorted_entries(folder: str) -> "list[os.DirEntry]":
