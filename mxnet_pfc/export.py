@@ -17,13 +17,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
+
+import numpy as np
 
 from mxnet_pfc.models.export import ONNX_OPSETS, export_model, export_onnx
 from mxnet_pfc.models.inference import ModelError, load_model
 from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
 from mxnet_pfc.runtime.errors import exit_status
-from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
+from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
 from mxnet_pfc.training import checkpoint
 
 log = logging.getLogger("mxnet_pfc.export")
@@ -38,6 +41,42 @@ def default_prefix(model: str) -> str:
     if os.path.isdir(folder):
         return RunFolder(folder).model
     raise ModelError(f"{model} is a prefix: name the exported one with --prefix")
+
+
+def source_verification(model: str) -> "tuple[str, str] | None":
+    """(the model prefix a training verified at its end, its verification file) for what MODEL names: a run
+    folder, one of its checkpoints, or an exported prefix; None when there is none."""
+    folder = os.path.abspath(split_prefix(model)[0])
+    if checkpoint.is_checkpoint(folder):
+        run = RunFolder.holding(folder)
+        prefix = run.model if run is not None else None
+    else:
+        prefix = RunFolder(folder).model if os.path.isdir(folder) else split_prefix(model)[0]
+    if prefix is None or not os.path.isfile(ModelFiles(prefix).verification):
+        return None
+    return prefix, ModelFiles(prefix).verification
+
+
+def carry_verification(model: str, prefix: str, arg_params: dict, aux_params: dict) -> str:
+    """Copy the training's final verification beside the export when the exported parameters are exactly
+    those it measured (embed --pair reads its threshold there); returns the log line saying which."""
+    found = source_verification(model)
+    if found is None:
+        return "no verification figures for this model: embed --pair will need --threshold (or run verify)"
+    verified, file = found
+    try:
+        _, verified_arg, verified_aux = load_model(verified)[:3]
+    except ModelError:
+        return f"{file} not carried: its model cannot be read"
+    same = all(name in verified_arg and np.array_equal(verified_arg[name].asnumpy(), value.asnumpy())
+               for name, value in arg_params.items()) and \
+        all(name in verified_aux and np.array_equal(verified_aux[name].asnumpy(), value.asnumpy())
+            for name, value in aux_params.items())
+    if not same:
+        return (f"{file} not carried: it measured other parameters than these (embed --pair will need "
+                "--threshold, or run verify)")
+    shutil.copyfile(file, ModelFiles(prefix).verification)
+    return f"verification figures (embed's threshold) carried from {file}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,10 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     symbol, arg_params, aux_params, source = load_model(args.model)
     prefix = args.prefix or default_prefix(args.model)
-    if os.path.abspath(prefix) == os.path.abspath(args.model.partition(",")[0]):
+    if os.path.abspath(prefix) == os.path.abspath(split_prefix(args.model)[0]):
         raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
     files = export_model(prefix, symbol, arg_params, aux_params)
     log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
+    if os.path.abspath(ModelFiles(prefix).verification) != os.path.abspath(
+            (source_verification(args.model) or ("", ""))[1]):
+        log.info(carry_verification(args.model, prefix, arg_params, aux_params))
     if args.onnx or args.check:
         log.info(f"ONNX (opset {args.opset}): {export_onnx(prefix, ModelFiles(prefix).onnx, opset=args.opset)}")
     if args.check:

@@ -6,6 +6,7 @@ Module and SymbolBlock.imports at any batch size, and through ONNX Runtime.
 """
 import json
 import sys
+from pathlib import Path
 
 import cv2
 import mxnet as mx
@@ -267,6 +268,25 @@ def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
         proc = run_command([sys.executable, "-m", "mxnet_pfc.embed", run, "--pair", tmp_path / "big.png",
                             tmp_path / "big.png", option, value], timeout=60)
         assert proc.returncode == 2 and message in proc.stdout, (option, value, proc.stdout[-2000:])
+
+
+def test_an_export_elsewhere_carries_the_verification_only_for_the_parameters_it_measured(trained, tmp_path):
+    """Issue 26: an export with --prefix had no verification file, so embed --pair needed --threshold. The
+    final checkpoint holds the parameters the training verified: its figures come along, and embed --pair
+    runs without --threshold; an earlier checkpoint's parameters were not verified: nothing is carried, and
+    the log says so."""
+    _, run = trained
+    faces = tmp_path / "a.png"
+    cv2.imwrite(str(faces), np.zeros((112, 112, 3), np.uint8))
+    for source, carried in ((ckpt(run / "checkpoints", 6), True), (ckpt(run / "checkpoints", 3), False)):
+        prefix = tmp_path / f"from-{carried}" / "face"
+        proc = run_command([sys.executable, "-m", "mxnet_pfc.export", source, "--prefix", prefix], timeout=120)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert Path(f"{prefix}-verification.json").exists() == carried
+        assert (f"verification figures (embed's threshold) carried from {run / 'model-verification.json'}"
+                if carried else "not carried: it measured other parameters than these") in proc.stdout
+        pair = run_command([sys.executable, "-m", "mxnet_pfc.embed", prefix, "--pair", faces, faces], timeout=120)
+        assert (pair.returncode == 0) == carried, pair.stdout[-2000:]
 
 
 @pytest.mark.parametrize("command", ["mxnet_pfc.export", "mxnet_pfc.verify", "mxnet_pfc.embed",
