@@ -122,23 +122,21 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args, rec: str) -> int:
     num_classes = args.num_classes or count_classes(rec)
     total, problems = check_records(rec, num_classes, (args.image_size, args.image_size), args.threads)
-    for problem in problems[:args.show]:
-        print(problem)
-    if len(problems) > args.show:
-        print(f"... and {len(problems) - args.show} more")
-    verdict = "sound" if not problems else f"{len(problems)} damaged record(s)"
-    print(f"{rec}: {total} image records, {num_classes} classes: {verdict}")
-    return 1 if problems else 0
+    return verdict(problems, args.show, f"{rec}: {total} image records, {num_classes} classes", "record")
 
 
 def run_folder(args) -> int:
     total, identities, problems = check_folder(args.data, (args.image_size, args.image_size), args.threads)
-    for problem in problems[:args.show]:
+    return verdict(problems, args.show, f"{args.data}: {total} images of {identities} identities", "image")
+
+
+def verdict(problems: "list[str]", show: int, what: str, item: str) -> int:
+    """Print the first `show` problems and the summary line; the exit status (1 if any problem)."""
+    for problem in problems[:show]:
         print(problem)
-    if len(problems) > args.show:
-        print(f"... and {len(problems) - args.show} more")
-    verdict = "sound" if not problems else f"{len(problems)} damaged image(s)"
-    print(f"{args.data}: {total} images of {identities} identities: {verdict}")
+    if len(problems) > show:
+        print(f"... and {len(problems) - show} more")
+    print(f"{what}: {'sound' if not problems else f'{len(problems)} damaged {item}(s)'}")
     return 1 if problems else 0
 
 
