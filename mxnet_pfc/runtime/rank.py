@@ -17,6 +17,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from mxnet_pfc.runtime import slurm
+
 # MXNet and Horovod settings of every rank.
 DEFAULTS = {
     "MXNET_CPU_WORKER_NTHREADS": "1",
@@ -45,12 +47,20 @@ def cuda_library_dirs(sites: list[str]) -> list[str]:
     return dirs
 
 
+def ranks_sharing_cpus(environ: dict) -> int:
+    """How many ranks on this host share this process's CPUs: the ranks on the host as horovodrun, Open MPI
+    or an srun step announce them, or 1 where srun bound each task to CPUs of its own."""
+    if slurm.cpus_bound_per_task(environ):
+        return 1
+    return int(environ.get("HOROVOD_LOCAL_SIZE") or environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+               or slurm.tasks_on_this_node(environ) or 1)
+
+
 def rank_environment(environ: dict, cpus: int, sites: list[str]) -> dict:
-    """environ with a rank's settings: its share of the `cpus` cores among the ranks on its host (as
-    horovodrun or Open MPI announce them), DEFAULTS, and the CUDA libraries of `sites` on LD_LIBRARY_PATH."""
+    """environ with a rank's settings: its share of the `cpus` cores it may use (ranks_sharing_cpus),
+    DEFAULTS, and the CUDA libraries of `sites` on LD_LIBRARY_PATH."""
     env = dict(environ)
-    local_size = int(env.get("HOROVOD_LOCAL_SIZE") or env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1)
-    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS") or str(max(1, cpus // local_size))
+    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS") or str(max(1, cpus // ranks_sharing_cpus(env)))
     env["MXNET_OMP_MAX_THREADS"] = env.get("MXNET_OMP_MAX_THREADS") or env["OMP_NUM_THREADS"]
     for name, value in DEFAULTS.items():
         env[name] = env.get(name) or value

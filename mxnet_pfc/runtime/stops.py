@@ -33,7 +33,7 @@ import zlib
 
 import mxnet as mx
 
-from mxnet_pfc.runtime import comm
+from mxnet_pfc.runtime import comm, slurm
 from mxnet_pfc.runtime.errors import PfcError, mxnet_reason
 from mxnet_pfc.runtime.logs import ROOT_LOGGER
 from mxnet_pfc.runtime.run_folder import RunFolder
@@ -233,6 +233,10 @@ def explain_signal(signum: int) -> str:
     cause = other_rank_cause() or _lost_contact_cause()
     if cause is not None:
         return f"stopping: {cause}; the launcher then ended this rank ({name}); resume with --resume latest"
+    ending = slurm.job_ending()
+    if ending is not None:
+        return (f"stopping: {ending}; Slurm sent {name} to every task; submit the job again with "
+                f"--resume latest to continue from the last checkpoint")
     return (f"stopping: interrupted ({name}: Ctrl-C, or a stop request to the launcher or this process); "
             f"continue with the same command plus --resume latest (from the last checkpoint)")
 

@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from mxnet_pfc.runtime import run_records
+from mxnet_pfc.runtime import run_records, slurm
 from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger("mxnet_pfc.elastic")
@@ -415,7 +415,10 @@ class Supervisor:
             adopted = None
             if self.interrupted is not None:
                 left = " (not ours to stop: left running)" if isinstance(job, HeldOutput) else ""
-                self.event(np_, assigned, f"interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
+                ending = slurm.job_ending()     # scancel, a time limit: say so rather than "interrupted"
+                why = f"{ending}: " if ending else ""
+                self.event(np_, assigned,
+                           f"{why}interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
                 return 128 + self.interrupted
             status = "exit status unknown: adopted" if code is None else f"exit {code}"
             stopped = run_records.read(self.run_folder.stopped_record)

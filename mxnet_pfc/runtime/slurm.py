@@ -1,0 +1,276 @@
+"""The Slurm allocation a job runs in: its hosts and slots, the nodes still usable, and why it ends.
+
+    python -m mxnet_pfc.runtime.slurm hosts [--format lines|horovodrun|hostfile|np]
+
+Inside a job (sbatch, salloc, srun), Slurm describes the allocation in the environment:
+SLURM_JOB_NODELIST in its hostlist syntax (`gpu[01-04,07],login2`) and SLURM_TASKS_PER_NODE
+as counts with repeats (`8(x4),4`). One rank runs per task, so a node's slots are its tasks
+(ask for as many tasks per node as GPUs per node: one rank per GPU). `hosts` prints them
+for horovodrun (-H), for mpirun (a hosts file), as a count of ranks, or one `host:slots`
+line each, which is the elastic supervisor's discovery format: it leaves out the nodes Slurm
+reports down or not responding, so a job submitted with `--no-kill` is relaunched around a
+lost node. This module owns these facts; setup-utils/slurm.sbatch, rank.py, stops.py and the
+docs (docs/slurm.md) use it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+# A node in one of these states is lost to the job (the job itself may live on with --no-kill).
+LOST_STATES = ("DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN")
+# A task bound to CPUs of its own by Slurm's --cpu-bind: its affinity is already its share.
+BOUND_TYPES = ("mask_cpu", "map_cpu", "map_ldom", "mask_ldom", "cores", "threads", "sockets", "ldoms",
+               "rank")
+SCONTROL_TIMEOUT = 10.0
+
+
+class SlurmError(ValueError):
+    """The allocation cannot be read (outside a job, or a variable not in Slurm's syntax)."""
+
+
+def _split_top(text: str) -> "list[str]":
+    """`text` split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise SlurmError(f"nested brackets in the host list {text!r}")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise SlurmError(f"a ']' without '[' in the host list {text!r}")
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise SlurmError(f"an unclosed '[' in the host list {text!r}")
+    parts.append(text[start:])
+    return parts
+
+
+def _range_values(body: str, whole: str) -> "list[str]":
+    """`01-03,7` -> ['01', '02', '03', '7'], keeping each range's zero padding."""
+    values = []
+    for item in body.split(","):
+        low, _, high = item.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise SlurmError(f"{item!r} in the host list {whole!r} is not a number or a range of numbers")
+        if not high:
+            values.append(low)
+            continue
+        if int(high) < int(low):
+            raise SlurmError(f"the range {item!r} in the host list {whole!r} runs backwards")
+        width = len(low) if low.startswith("0") else 0
+        values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+    return values
+
+
+def expand_hostlist(text: str) -> "list[str]":
+    """Slurm's hostlist syntax as names: `gpu[01-02],cpu7` -> ['gpu01', 'gpu02', 'cpu7']; several
+    bracket groups in one name give every combination (`r[1-2]n[1-2]` -> r1n1, r1n2, r2n1, r2n2)."""
+    text = text.strip()
+    if not text:
+        raise SlurmError("the host list is empty")
+    hosts = []
+    for part in _split_top(text):
+        if not part:
+            raise SlurmError(f"an empty name in the host list {text!r}")
+        names = [""]
+        for literal, body in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part):
+            values = _range_values(body, text) if body else [""]
+            names = [name + literal + value for name in names for value in values]
+        hosts.extend(names)
+    return hosts
+
+
+def expand_counts(text: str) -> "list[int]":
+    """Slurm's per-node counts with repeats: `8(x2),4` -> [8, 8, 4]."""
+    counts = []
+    for item in text.strip().split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if match is None:
+            raise SlurmError(f"{item!r} in the per-node counts {text!r} is not N or N(xM)")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A job's nodes in Slurm's order and the tasks (ranks) each runs."""
+    job_id: str
+    hosts: "tuple[tuple[str, int], ...]"
+
+    @property
+    def ranks(self) -> int:
+        return sum(slots for _, slots in self.hosts)
+
+
+def allocation(environ: "dict | None" = None) -> Allocation:
+    """The allocation described by the environment of a Slurm job; SlurmError outside one."""
+    env = os.environ if environ is None else environ
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job_id or not nodelist:
+        raise SlurmError("not inside a Slurm job: SLURM_JOB_ID and SLURM_JOB_NODELIST are not set "
+                         "(run this in a batch script, under salloc, or in an srun step)")
+    hosts = expand_hostlist(nodelist)
+    tasks = env.get("SLURM_TASKS_PER_NODE")
+    counts = expand_counts(tasks) if tasks else [1] * len(hosts)
+    if len(counts) != len(hosts):
+        raise SlurmError(f"SLURM_TASKS_PER_NODE={tasks} gives {len(counts)} counts for the {len(hosts)} nodes "
+                         f"of SLURM_JOB_NODELIST={nodelist}")
+    return Allocation(job_id, tuple(zip(hosts, counts)))
+
+
+def tasks_on_this_node(environ: dict) -> "int | None":
+    """The tasks of this srun step on this node (SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), or None
+    outside a step."""
+    per_node, node = environ.get("SLURM_STEP_TASKS_PER_NODE"), environ.get("SLURM_NODEID")
+    if not per_node or node is None or not node.isdigit():
+        return None
+    try:
+        counts = expand_counts(per_node)
+    except SlurmError:
+        return None
+    return counts[int(node)] if int(node) < len(counts) else None
+
+
+def cpus_bound_per_task(environ: dict) -> bool:
+    """Whether Slurm bound each task to CPUs of its own (srun --cpu-bind), so that a task's affinity
+    mask is its share already and is not to be divided among the tasks of the node."""
+    kind = environ.get("SLURM_CPU_BIND_TYPE", "")
+    return any(bound in kind for bound in BOUND_TYPES)
+
+
+def _scontrol(*args: str) -> "str | None":
+    """scontrol's output, or None when it cannot answer (not installed, no controller)."""
+    try:
+        proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _fields(line: str) -> "dict[str, str]":
+    """`Key=value Key2=value2` of scontrol's one-line output (-o)."""
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
+
+
+def node_states(names: "list[str]") -> "dict[str, str]":
+    """{node: state} as scontrol reports them (`ALLOCATED`, `IDLE+DRAIN`, `DOWN+NOT_RESPONDING`); empty when
+    scontrol cannot answer."""
+    out = _scontrol("show", "node", "-o", ",".join(names))
+    states = {}
+    for line in (out or "").splitlines():
+        fields = _fields(line)
+        if "NodeName" in fields:
+            states[fields["NodeName"]] = fields.get("State", "")
+    return states
+
+
+def job_nodes(job_id: str) -> "list[str] | None":
+    """The nodes the job holds now as the controller has them (a node lost by a job submitted with
+    --no-kill leaves it), or None when scontrol cannot answer."""
+    out = _scontrol("show", "job", "-o", job_id)
+    nodes = _fields(out.splitlines()[0]).get("NodeList", "") if out else ""
+    try:
+        return expand_hostlist(nodes) if nodes and nodes != "(null)" else None
+    except SlurmError:
+        return None
+
+
+def usable_hosts(alloc: Allocation) -> "list[tuple[str, int]]":
+    """The allocation's (node, slots) that the job still holds, without the nodes Slurm reports lost
+    (LOST_STATES); every node when scontrol cannot answer. Nodes are named as Slurm names them, which is
+    how mpirun matches a hosts file against the allocation, and how the nodes of a cluster reach each other."""
+    held = job_nodes(alloc.job_id)
+    states = node_states([host for host, _ in alloc.hosts])
+    usable = []
+    for host, slots in alloc.hosts:
+        flags = {flag.rstrip("*") for flag in states.get(host, "").split("+")}
+        if (held is None or host in held) and not flags.intersection(LOST_STATES):
+            usable.append((host, slots))
+    return usable
+
+
+def job_ending(environ: "dict | None" = None) -> "str | None":
+    """Why the Slurm job of this process is ending, when Slurm is ending it (the SIGTERM it sends every task
+    on scancel, at the time limit or on preemption), or None: not in a job, or the job still runs (the
+    signal came from elsewhere)."""
+    env = os.environ if environ is None else environ
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job_id:
+        return None
+    out = _scontrol("show", "job", "-o", job_id)
+    if not out:
+        return None
+    fields = _fields(out.splitlines()[0])
+    state = fields.get("JobState", "")
+    if state in ("RUNNING", "PENDING", "SUSPENDED", "REQUEUED", ""):
+        return None
+    limit, run_time = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
+    if state == "TIMEOUT" or (limit is not None and run_time is not None and run_time >= limit):
+        return f"the Slurm job {job_id} reached its time limit ({fields.get('TimeLimit', '?')})"
+    if state == "PREEMPTED":
+        return f"the Slurm job {job_id} was preempted"
+    if state == "NODE_FAIL":
+        return f"a node of the Slurm job {job_id} failed"
+    if state in ("COMPLETING", "CANCELLED"):     # scancel; preemption that cancels looks the same
+        return f"the Slurm job {job_id} was cancelled (scancel, or preempted)"
+    return f"the Slurm job {job_id} is ending (state {state})"
+
+
+def _seconds(text: str) -> "int | None":
+    """Slurm's [D-]HH:MM:SS (or MM:SS) as seconds; None for UNLIMITED or anything else."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text)
+    if match is None:
+        return None
+    days, hours, minutes, seconds = (int(group or 0) for group in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def format_hosts(hosts: "list[tuple[str, int]]", form: str) -> str:
+    """The hosts as `lines` (host:slots per line), `horovodrun` (-H's value), `hostfile` (mpirun's), or `np`."""
+    if form == "horovodrun":
+        return ",".join(f"{host}:{slots}" for host, slots in hosts)
+    if form == "hostfile":
+        return "".join(f"{host} slots={slots}\n" for host, slots in hosts).rstrip("\n")
+    if form == "np":
+        return str(sum(slots for _, slots in hosts))
+    return "\n".join(f"{host}:{slots}" for host, slots in hosts)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mxnet_pfc.runtime.slurm", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    hosts = sub.add_parser("hosts", help="the allocation's usable hosts and their slots (tasks per node)")
+    hosts.add_argument("--format", choices=("lines", "horovodrun", "hostfile", "np"), default="lines",
+                       help="lines: 'host:slots' per line (the elastic supervisor's discovery format; the "
+                            "default); horovodrun: its -H value; hostfile: mpirun's 'host slots=N' lines; "
+                            "np: the number of ranks")
+    hosts.add_argument("--all", action="store_true",
+                       help="every node of the allocation, without asking Slurm which are down")
+    args = p.parse_args(argv)
+    try:
+        alloc = allocation()
+    except SlurmError as error:
+        print(f"mxnet_pfc.runtime.slurm: {error}", file=sys.stderr)
+        return 2
+    usable = list(alloc.hosts) if args.all else usable_hosts(alloc)
+    if not usable:      # the supervisor waits for hosts on an empty list; a launch cannot start
+        print(f"mxnet_pfc.runtime.slurm: every node of job {alloc.job_id} is down or not responding",
+              file=sys.stderr)
+        return 0 if args.format == "lines" else 1
+    print(format_hosts(usable, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

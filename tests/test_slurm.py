@@ -1,0 +1,205 @@
+"""Training on Slurm as users submit it: setup-utils/slurm.sbatch and the srun path, against a real one-node
+cluster (Debian's slurmctld, slurmd and munge, started by the tests: slurm_cluster.py); the allocation's
+syntax (mxnet_pfc/runtime/slurm.py) against Slurm's documented forms.
+
+The cluster tests submit the batch script with sbatch as a user does, on the 2-rank reference run's data:
+it trains with hosts and slots from the allocation (mpirun, srun, horovodrun, the elastic supervisor),
+resumes from its checkpoints when submitted again, and scancel reaches every rank, each saying so.
+"""
+import json
+import os
+import signal
+
+import pytest
+
+from launch import (REPO, elastic_timeline, frozen, last_logged_step, rank_env, saved_steps, tiny_synthetic_run,
+                    trainer_pid, trainer_processes, wait_until)
+from mxnet_pfc.runtime import rank, slurm
+from slurm_cluster import SlurmCluster, unavailable_reason
+
+SBATCH = REPO / "setup-utils" / "slurm.sbatch"
+
+
+# ------------------------------------------------------------------ the allocation's syntax
+def test_hostlists_and_counts_as_slurm_writes_them():
+    assert slurm.expand_hostlist("vm") == ["vm"]
+    assert slurm.expand_hostlist("gpu[01-03,7],login2") == ["gpu01", "gpu02", "gpu03", "gpu7", "login2"]
+    assert slurm.expand_hostlist("r[1-2]n[08-09]") == ["r1n08", "r1n09", "r2n08", "r2n09"]
+    assert slurm.expand_hostlist("node-[098-101]-ib") == ["node-098-ib", "node-099-ib", "node-100-ib", "node-101-ib"]
+    assert slurm.expand_counts("8(x3),4") == [8, 8, 8, 4]
+    for bad, named in (("gpu[01-03", "unclosed"), ("gpu[3-1]", "backwards"), ("gpu[a-b]", "'a-b'"),
+                       ("a,,b", "empty name"), ("g[[1]]", "nested")):
+        with pytest.raises(slurm.SlurmError, match=named):
+            slurm.expand_hostlist(bad)
+    with pytest.raises(slurm.SlurmError, match="'2x' in the per-node counts"):
+        slurm.expand_counts("2x")
+
+
+def test_the_allocation_from_the_environment():
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[1-3]", "SLURM_TASKS_PER_NODE": "8(x2),4"}
+    alloc = slurm.allocation(env)
+    assert alloc.hosts == (("gpu1", 8), ("gpu2", 8), ("gpu3", 4)) and alloc.ranks == 20
+    assert slurm.format_hosts(list(alloc.hosts), "horovodrun") == "gpu1:8,gpu2:8,gpu3:4"
+    assert slurm.format_hosts(list(alloc.hosts), "hostfile") == "gpu1 slots=8\ngpu2 slots=8\ngpu3 slots=4"
+    with pytest.raises(slurm.SlurmError, match="gives 2 counts for the 3 nodes"):
+        slurm.allocation({**env, "SLURM_TASKS_PER_NODE": "8(x2)"})
+    with pytest.raises(slurm.SlurmError, match="not inside a Slurm job"):
+        slurm.allocation({})
+
+
+def test_lost_nodes_are_left_out_of_discovery(monkeypatch):
+    states = {"a": "ALLOCATED", "b": "DOWN+NOT_RESPONDING", "c": "MIXED+DRAIN", "d": "IDLE+NOT_RESPONDING"}
+    monkeypatch.setattr(slurm, "node_states", lambda names: {n: states.get(n, "IDLE") for n in names})
+    monkeypatch.setattr(slurm, "job_nodes", lambda job: None)
+    alloc = slurm.Allocation("1", (("a", 2), ("b", 2), ("c", 2), ("d", 2), ("e", 2)))
+    # a draining node still runs the job (Slurm does not end it); a down or silent one does not
+    assert slurm.usable_hosts(alloc) == [("a", 2), ("c", 2), ("e", 2)]
+    # a node the job no longer holds (lost under --no-kill, then back) is not the job's to use
+    monkeypatch.setattr(slurm, "job_nodes", lambda job: ["a", "b", "c", "d"])
+    assert slurm.usable_hosts(alloc) == [("a", 2), ("c", 2)]
+
+
+@pytest.mark.parametrize("fields, said", [
+    ("JobState=RUNNING TimeLimit=01:00:00 RunTime=00:10:00", None),
+    ("JobState=COMPLETING TimeLimit=01:00:00 RunTime=00:10:00", "was cancelled (scancel, or preempted)"),
+    ("JobState=COMPLETING TimeLimit=00:10:00 RunTime=00:10:01", "reached its time limit (00:10:00)"),
+    ("JobState=TIMEOUT TimeLimit=1-00:00:00 RunTime=1-00:00:00", "reached its time limit (1-00:00:00)"),
+    ("JobState=PREEMPTED TimeLimit=UNLIMITED RunTime=00:10:00", "was preempted"),
+    ("JobState=NODE_FAIL TimeLimit=UNLIMITED RunTime=00:10:00", "a node of the Slurm job 42 failed"),
+])
+def test_why_slurm_ends_a_job(monkeypatch, fields, said):
+    monkeypatch.setattr(slurm, "_scontrol", lambda *args: f"JobId=42 {fields}\n")
+    ending = slurm.job_ending({"SLURM_JOB_ID": "42"})
+    assert ending == said if said is None else said in ending
+    assert slurm.job_ending({}) is None         # not in a job: no scontrol asked
+
+
+def test_a_rank_of_an_srun_step_takes_its_share_of_the_cores():
+    step = {"SLURM_STEP_TASKS_PER_NODE": "4(x2),2", "SLURM_NODEID": "2"}
+    assert rank.rank_environment(step, cpus=8, sites=[])["OMP_NUM_THREADS"] == "4"
+    step["SLURM_NODEID"] = "0"
+    assert rank.rank_environment(step, cpus=8, sites=[])["OMP_NUM_THREADS"] == "2"
+    # bound by srun --cpu-bind to cores of its own: its affinity mask is its share already
+    assert rank.rank_environment({**step, "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, cpus=8, sites=[])[
+        "OMP_NUM_THREADS"] == "8"
+
+
+def test_the_batch_script_outside_a_job_and_its_help(tmp_path):
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run(["bash", SBATCH], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "not inside a Slurm job: submit this script with sbatch" in out.stderr
+    helped = subprocess.run(["bash", SBATCH, "--help"], capture_output=True, text=True, env=env)
+    assert helped.returncode == 0 and "LAUNCHER" in helped.stdout and "scancel" in helped.stdout
+
+
+# ------------------------------------------------------------------ a real cluster
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no Slurm here: {reason}")
+    started = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        started.up()
+    except RuntimeError as error:
+        started.down()
+        pytest.skip(f"Slurm could not start here: {error}")
+    yield started
+    started.down()
+
+
+def submit(cluster, tmp_path, trainer_args, *sbatch_args, env=None) -> "tuple[str, object]":
+    """sbatch setup-utils/slurm.sbatch [SBATCH_ARGS] -- TRAINER_ARGS from tmp_path, as a user does:
+    (job id, the job's output file)."""
+    out = tmp_path / f"slurm-{len(list(tmp_path.glob('slurm-*.out')))}.out"
+    proc = cluster.run("sbatch", "--parsable", "-o", out, *sbatch_args, SBATCH, "--", *trainer_args,
+                       env={**rank_env(), **(env or {})}, cwd=tmp_path)
+    return proc.stdout.strip().split(";")[0], out
+
+
+def finished(cluster, job: str, out, timeout: float = 300.0) -> str:
+    state = cluster.wait_job(job, timeout)
+    text = out.read_text(errors="replace") if out.exists() else ""
+    assert state == "COMPLETED", f"job {job} ended {state}:\n{text[-5000:]}"
+    return text
+
+
+def trained(output) -> "list[tuple[int, int]]":
+    """(step, world size) of every step rank 0 logged."""
+    records = [json.loads(line) for line in open(output / "metrics.jsonl")]
+    return [(r["step"], r["world_size"]) for r in records if "loss" in r]
+
+
+def test_sbatch_trains_on_the_allocation_with_mpirun(cluster, reference, tmp_path):
+    data, _ = reference
+    output = tmp_path / "run"
+    job, out = submit(cluster, tmp_path, tiny_synthetic_run(data, output, "--max_update", 4, "--frequent", 1))
+    text = finished(cluster, job, out)
+    assert f"job {job}: 2 ranks on {cluster.node}:2, launched by mpirun, checkout {REPO}" in text, text[-3000:]
+    assert trained(output) == [(1, 2), (2, 2), (3, 2), (4, 2)]
+    assert "summary" in [json.loads(line) for line in open(output / "metrics.jsonl")][-1]
+
+
+def test_the_srun_path_trains_and_a_resubmitted_job_resumes(cluster, reference, tmp_path):
+    """LAUNCHER=srun: Slurm starts each rank itself (srun --mpi=pmix, Horovod over MPI). Submitted again with
+    --resume latest and a longer schedule, the job continues from its last checkpoint."""
+    data, _ = reference
+    output = tmp_path / "run"
+    args = tiny_synthetic_run(data, output, "--frequent", 1, "--save_interval", 2)
+    job, out = submit(cluster, tmp_path, [*args, "--max_update", 4], env={"LAUNCHER": "srun"})
+    text = finished(cluster, job, out)
+    assert "launched by srun" in text and trained(output) == [(1, 2), (2, 2), (3, 2), (4, 2)], text[-3000:]
+    job, out = submit(cluster, tmp_path, [*args, "--max_update", 6, "--resume", "latest"], env={"LAUNCHER": "srun"})
+    text = finished(cluster, job, out)
+    assert trained(output)[4:] == [(5, 2), (6, 2)], text[-3000:]
+    assert "resum" in (output / "logs" / "rank0.log").read_text()
+
+
+def test_scancel_reaches_every_rank_and_each_says_so(cluster, reference, tmp_path):
+    """LAUNCHER=horovodrun. scancel while the job trains: every rank stops, saying the Slurm job was
+    cancelled (not "another rank failed", not a bare interruption); no process is left, every checkpoint
+    on disk is complete, and the job submitted again with --resume latest continues from the last one."""
+    data, _ = reference
+    output = tmp_path / "run"
+    args = tiny_synthetic_run(data, output, "--frequent", 1, "--save_interval", 2)
+    job, out = submit(cluster, tmp_path, [*args, "--max_update", 5000], env={"LAUNCHER": "horovodrun"})
+    wait_until(lambda: last_logged_step(output) >= 4 and saved_steps(output / "checkpoints"), 240,
+               "the job training past its first checkpoint")
+    cluster.run("scancel", job)
+    state = cluster.wait_job(job, 90)
+    text = out.read_text(errors="replace")
+    assert state == "CANCELLED", (state, text[-3000:])
+    for r in (0, 1):
+        said = (output / "logs" / f"rank{r}.log").read_text()
+        assert f"stopping: the Slurm job {job} was cancelled" in said, (r, said[-2000:], text[-3000:])
+        assert "another rank" not in said.split("stopping:")[-1]
+    assert trainer_processes(output) == []
+    steps = saved_steps(output / "checkpoints")     # every folder not marked .tmp is a complete checkpoint
+    published = [name for name in os.listdir(output / "checkpoints") if not name.endswith(".tmp")]
+    assert steps and len(steps) == len(published), (steps, published)
+    last = steps[-1]
+    job, out = submit(cluster, tmp_path, [*args, "--max_update", last + 2, "--resume", "latest"],
+                      env={"LAUNCHER": "horovodrun"})
+    finished(cluster, job, out)
+    assert [step for step, _ in trained(output)][-2:] == [last + 1, last + 2]
+
+
+def test_the_elastic_supervisor_discovers_the_allocation_and_relaunches(cluster, reference, tmp_path):
+    """LAUNCHER=elastic: the supervisor's hosts come from the allocation (python -m mxnet_pfc.runtime.slurm
+    hosts); a rank killed inside the job is relaunched from the last checkpoint and the job completes."""
+    data, _ = reference
+    output = tmp_path / "run"
+    args = tiny_synthetic_run(data, output, "--frequent", 1, "--save_interval", 3, "--max_update", 30)
+    job, out = submit(cluster, tmp_path, args, "--no-kill",
+                      env={"LAUNCHER": "elastic", "ELASTIC_ARGS": "--discovery-interval 1 --max-restarts 1"})
+    wait_until(lambda: saved_steps(output / "checkpoints") and trainer_pid(output, 0) and trainer_pid(output, 1),
+               240, "a checkpoint, with both ranks running", interval=0.2)
+    with frozen([trainer_pid(output, 0)]):      # rank 0 cannot finish the run meanwhile
+        os.kill(trainer_pid(output, 1), signal.SIGKILL)
+    text = finished(cluster, job, out)
+    events = elastic_timeline(output)
+    assert events[0]["event"] == "launch (start)" and events[0]["hosts"] == f"{cluster.node}:2", events
+    assert any(e["event"].startswith("launch (restart 1/1") for e in events) and events[-1]["event"] == "finished", (
+        events, text[-3000:])
+    assert [step for step, _ in trained(output)][-1] == 30
