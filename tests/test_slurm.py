@@ -12,8 +12,18 @@ import signal
 
 import pytest
 
-from launch import (REPO, elastic_timeline, frozen, last_logged_step, rank_env, saved_steps, tiny_synthetic_run,
-                    trainer_pid, trainer_processes, wait_until)
+from launch import (
+    REPO,
+    elastic_timeline,
+    frozen,
+    last_logged_step,
+    rank_env,
+    saved_steps,
+    tiny_synthetic_run,
+    trainer_pid,
+    trainer_processes,
+    wait_until,
+)
 from mxnet_pfc.runtime import rank, slurm
 from slurm_cluster import SlurmCluster, unavailable_reason
 
