@@ -50,9 +50,14 @@ class SlurmCluster:
         self.processes: "list[subprocess.Popen]" = []
 
     def inside(self, cmd: list, netns: "str | None" = "first") -> list:
-        """CMD run in a node's network namespace (the first node's by default), as is where there is none."""
+        """CMD run in a node's network namespace (the first node's by default), as is where there is none.
+        Not `ip netns exec`, which mounts a sysfs of the namespace's own and so hides /sys/fs/cgroup from
+        slurmd: the namespace is entered, and its /etc/netns/NS/hosts mounted over /etc/hosts as ip does."""
         netns = self.netns if netns == "first" else netns
-        return ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
+        if not netns:
+            return list(cmd)
+        return ["nsenter", f"--net=/run/netns/{netns}", "unshare", "--mount", "--propagation", "private",
+                "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', f"/etc/netns/{netns}/hosts", *cmd]
 
     def env(self, base: "dict | None" = None) -> dict:
         env = dict(os.environ if base is None else base)
@@ -63,7 +68,7 @@ class SlurmCluster:
 
     def up(self, timeout: float = 60.0) -> "SlurmCluster":
         munge, state, spool, logs = (self.workdir / d for d in ("munge", "state", "spool", "logs"))
-        for folder in (munge, state, spool, logs):
+        for folder in (munge, state, logs, *(spool / name for name, _, _ in self.nodes)):
             folder.mkdir(parents=True, exist_ok=True)
         munge.chmod(0o700)
         key = munge / "munge.key"
@@ -77,7 +82,7 @@ class SlurmCluster:
         cpus = max(2, os.cpu_count() or 2)
         self.conf.write_text("\n".join([
             "ClusterName=pfctest",
-            f"SlurmctldHost={self.node}(127.0.0.1)",
+            f"SlurmctldHost={socket.gethostname().split('.')[0]}({self.nodes[0][1]})",   # must be this host's name
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
             "SlurmUser=root", "SlurmdUser=root",
             f"AuthInfo=socket={self.socket}",

@@ -26,6 +26,8 @@ from launch import (
 )
 from mxnet_pfc.runtime import rank, slurm
 from slurm_cluster import SlurmCluster, unavailable_reason
+from two_hosts import HOST_A, HOST_B, INTERFACE, TwoHosts
+from two_hosts import unavailable_reason as two_hosts_unavailable
 
 SBATCH = REPO / "setup-utils" / "slurm.sbatch"
 
@@ -213,3 +215,70 @@ def test_the_elastic_supervisor_discovers_the_allocation_and_relaunches(cluster,
     assert any(e["event"].startswith("launch (restart 1/1") for e in events) and events[-1]["event"] == "finished", (
         events, text[-3000:])
     assert [step for step, _ in trained(output)][-1] == 30
+
+
+# ------------------------------------------------------------------ two nodes (network namespaces)
+TWO_NODES = [("pfca", HOST_A, "a"), ("pfcb", HOST_B, "b")]
+
+
+@pytest.fixture
+def two_nodes(tmp_path):
+    """Slurm on two hosts (two_hosts.py: network namespaces joined by a link that can be cut, sshd on the
+    second): node pfca runs the controller and a job's batch script, pfcb is the other node. (cluster, hosts)"""
+    reason = unavailable_reason() or two_hosts_unavailable()
+    if reason:
+        pytest.skip(f"no two-node Slurm here: {reason}")
+    hosts = TwoHosts(tmp_path / "hosts").up()
+    namespaces = {"a": hosts.ns_a, "b": hosts.ns_b}
+    for ns in namespaces.values():          # the nodes' names resolve on both hosts, as on a cluster
+        with open(f"/etc/netns/{ns}/hosts", "a") as f:
+            f.write("".join(f"{address} {name}\n" for name, address, _ in TWO_NODES))
+    cluster = SlurmCluster(tmp_path / "slurm", [(name, address, namespaces[ns]) for name, address, ns in TWO_NODES])
+    try:
+        cluster.up()
+    except RuntimeError as error:
+        cluster.down()
+        hosts.down()
+        pytest.skip(f"two-node Slurm could not start here: {error}")
+    yield cluster, hosts
+    cluster.down()
+    hosts.down()
+
+
+def test_mpirun_reaches_the_second_node_through_slurm(two_nodes, reference, tmp_path):
+    """sbatch -N 2: the default launcher starts rank 1 on the other node through Slurm (no ssh)."""
+    cluster, _ = two_nodes
+    data, _ = reference
+    output = tmp_path / "run"
+    job, out = submit(cluster, tmp_path, tiny_synthetic_run(data, output, "--max_update", 4, "--frequent", 1),
+                      "-N", 2, "--ntasks-per-node", 1)
+    text = finished(cluster, job, out)
+    assert f"job {job}: 2 ranks on pfca:1,pfcb:1, launched by mpirun" in text, text[-3000:]
+    assert trained(output) == [(1, 2), (2, 2), (3, 2), (4, 2)]
+    assert f"StepId={job}.0" in (cluster.workdir / "logs" / "slurmd-pfcb.log").read_text()   # a step on pfcb
+
+
+def test_a_node_lost_inside_the_job_is_relaunched_around(two_nodes, reference, tmp_path):
+    """LAUNCHER=elastic, sbatch -N 2 --no-kill: the link to pfcb is cut while both ranks train; the job
+    ends within the Gloo timeout, Slurm marks pfcb down, and the supervisor, discovering the allocation
+    again, relaunches on pfca alone from the last checkpoint; the run finishes in the same Slurm job."""
+    cluster, hosts = two_nodes
+    data, _ = reference
+    output = tmp_path / "run"
+    env = {"LAUNCHER": "elastic", "ELASTIC_ARGS": "--discovery-interval 1 --max-restarts 3",
+           "HOROVODRUN_ARGS": f"--network-interface {INTERFACE} --ssh-identity-file {hosts.key} "
+                              f"--gloo-timeout-seconds 10"}
+    job, out = submit(cluster, tmp_path, tiny_synthetic_run(data, output, "--max_update", 40, "--save_interval", 4,
+                                                            "--frequent", 1),
+                      "-N", 2, "--ntasks-per-node", 1, "--no-kill", env=env)
+    wait_until(lambda: last_logged_step(output) >= 6, 240, "step 6 on two nodes", interval=0.1)
+    hosts.cut()
+    text = finished(cluster, job, out, timeout=400)
+    events = elastic_timeline(output)
+    launches = [e["hosts"] for e in events if e["event"].startswith("launch")]
+    assert launches[0] == "pfca:1,pfcb:1" and launches[-1] == "pfca:1", (events, text[-3000:])
+    restart = next(e for e in events if e["event"].startswith("launch (restart 1/3"))
+    assert "--resume latest" in restart["event"] and events[-1]["event"] == "finished", events
+    samples = [json.loads(line).get("samples") for line in open(output / "metrics.jsonl")]
+    assert [n for n in samples if n][-1] == 40 * 16, samples       # the run's length, kept in samples
+    assert {"DOWN", "NOT_RESPONDING"} & set(cluster.node_state("pfcb").split("+"))
