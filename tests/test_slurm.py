@@ -15,7 +15,6 @@ import pytest
 from launch import (
     REPO,
     elastic_timeline,
-    frozen,
     last_logged_step,
     rank_env,
     saved_steps,
@@ -197,24 +196,41 @@ def test_scancel_reaches_every_rank_and_each_says_so(cluster, reference, tmp_pat
     assert [step for step, _ in trained(output)][-2:] == [last + 1, last + 2]
 
 
-def test_the_elastic_supervisor_discovers_the_allocation_and_relaunches(cluster, reference, tmp_path):
+def test_the_elastic_supervisor_relaunches_inside_the_job_and_scancel_ends_it(cluster, reference, tmp_path):
     """LAUNCHER=elastic: the supervisor's hosts come from the allocation (python -m mxnet_pfc.runtime.slurm
-    hosts); a rank killed inside the job is relaunched from the last checkpoint and the job completes."""
+    hosts); a rank killed inside the job is relaunched from the last checkpoint; scancel then ends the
+    supervisor and both ranks, each saying the job was cancelled, and nothing is relaunched."""
     data, _ = reference
     output = tmp_path / "run"
-    args = tiny_synthetic_run(data, output, "--frequent", 1, "--save_interval", 3, "--max_update", 30)
+    args = tiny_synthetic_run(data, output, "--frequent", 1, "--save_interval", 3, "--max_update", 5000)
     job, out = submit(cluster, tmp_path, args, "--no-kill",
                       env={"LAUNCHER": "elastic", "ELASTIC_ARGS": "--discovery-interval 1 --max-restarts 1"})
     wait_until(lambda: saved_steps(output / "checkpoints") and trainer_pid(output, 0) and trainer_pid(output, 1),
                240, "a checkpoint, with both ranks running", interval=0.2)
-    with frozen([trainer_pid(output, 0)]):      # rank 0 cannot finish the run meanwhile
-        os.kill(trainer_pid(output, 1), signal.SIGKILL)
-    text = finished(cluster, job, out)
+    first = {trainer_pid(output, 0), trainer_pid(output, 1)}
+    os.kill(trainer_pid(output, 1), signal.SIGKILL)
+    wait_until(lambda: any(e["event"].startswith("launch (restart 1/1") for e in elastic_timeline(output)), 120,
+               "the relaunch")
+
+    def relaunched() -> bool:
+        ranks = {trainer_pid(output, 0), trainer_pid(output, 1)}
+        resumed = "resuming from" in (output / "logs" / "rank0.log").read_text()
+        return None not in ranks and not ranks & first and resumed
+    wait_until(relaunched, 120, "both ranks of the relaunch resuming", interval=0.2)
+    cluster.run("scancel", job)
+    state = cluster.wait_job(job, 90)
+    text = out.read_text(errors="replace")
     events = elastic_timeline(output)
+    assert state == "CANCELLED", (state, text[-3000:])
     assert events[0]["event"] == "launch (start)" and events[0]["hosts"] == f"{cluster.node}:2", events
-    assert any(e["event"].startswith("launch (restart 1/1") for e in events) and events[-1]["event"] == "finished", (
-        events, text[-3000:])
-    assert [step for step, _ in trained(output)][-1] == 30
+    assert [e["event"] for e in events if e["event"].startswith("launch")][1:] == [
+        "launch (restart 1/1: the job lost a rank or host (exit 1)): --resume latest"], events
+    assert events[-1]["event"].startswith(f"the Slurm job {job} was cancelled (scancel, or preempted): "
+                                          "interrupted (SIGTERM): job stopped"), events
+    for r in (0, 1):
+        said = (output / "logs" / f"rank{r}.log").read_text().split("stopping:")[-1]
+        assert said.startswith(f" the Slurm job {job} was cancelled"), (r, said)
+    assert trainer_processes(output) == []
 
 
 # ------------------------------------------------------------------ two nodes (network namespaces)
