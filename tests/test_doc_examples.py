@@ -33,9 +33,9 @@ RUN_LANGS = {"python"}
 COMMAND_LANGS = {"bash", "sh", "console"}
 SHOWN_LANGS = {"text"}
 MAX_NOT_RUN = 2          # code blocks marked <!-- not-run: ... -->
-MAX_TEXT = 24            # ```text blocks: output, formulas, layouts (21: DESIGN's 20, an elastic timeline)
+MAX_TEXT = 26            # ```text blocks: output, formulas, layouts (DESIGN's 20, a timeline, Slurm's 2 messages)
 # Commands of others a shell block may use; their own options are theirs to check.
-OTHER_COMMANDS = {"horovodrun", "mpirun", "sha256sum"}
+OTHER_COMMANDS = {"horovodrun", "mpirun", "sha256sum", "salloc", "scancel", "squeue", "sbatch"}
 CHEAP_MODULES = {"mxnet_pfc.plan"}     # run as written, not only parsed
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(.*?)\s*-->")
 
@@ -214,7 +214,7 @@ def parse_error(module: str, args: "list[str]") -> "str | None":
 
 def resolve(words: "list[str]") -> "tuple[str, list[str]] | None":
     """(module, arguments) of a project command line, None for another program's (OTHER_COMMANDS)."""
-    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):       # VAR=value before the command
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0], flags=re.DOTALL):     # VAR=value before the command
         words = words[1:]
     head, rest = words[0], words[1:]
     if head in ("python", "python3") and rest[:1] == ["-m"]:
@@ -223,10 +223,15 @@ def resolve(words: "list[str]") -> "tuple[str, list[str]] | None":
         return installed_commands()[head], rest
     if head == "bash" and rest[:1] in (["config.sh"], ["run.sh"]):
         return "mxnet_pfc.train", rest[2:] if rest[1:2] == ["--"] else rest[1:]
-    if head == "horovodrun":
+    if head in ("horovodrun", "srun"):
         launched = next((i for i, w in enumerate(rest) if w in ("bash", "python", "python3")), None)
-        assert launched is not None, f"horovodrun launches neither config.sh nor python: {words}"
+        assert launched is not None, f"{head} launches neither config.sh nor python: {words}"
         return resolve(rest[launched:])
+    if head == "sbatch" and any(w.endswith("slurm.sbatch") for w in rest):
+        script = next(i for i, w in enumerate(rest) if w.endswith("slurm.sbatch"))
+        assert (REPO / rest[script]).is_file(), f"sbatch submits {rest[script]}, which is not in the repository"
+        trainer = rest[script + 1:]
+        return "mxnet_pfc.train", trainer[1:] if trainer[:1] == ["--"] else trainer
     if head == "make":
         targets = [w for w in rest if "=" not in w]
         unknown = [t for t in targets if t not in make_targets()]

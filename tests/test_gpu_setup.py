@@ -302,7 +302,8 @@ def test_config_sh_starts_the_trainer_with_the_rank_environment(tmp_path):
     (site / "mxnet_pfc" / "runtime").mkdir(parents=True)
     (site / "mxnet_pfc" / "__init__.py").write_text("")
     (site / "mxnet_pfc" / "runtime" / "__init__.py").write_text("")
-    (site / "mxnet_pfc" / "runtime" / "rank.py").write_bytes((REPO / "mxnet_pfc" / "runtime" / "rank.py").read_bytes())
+    for module in ("rank.py", "slurm.py"):        # rank.py and the one module it imports (stdlib only)
+        (site / "mxnet_pfc" / "runtime" / module).write_bytes((REPO / "mxnet_pfc" / "runtime" / module).read_bytes())
     (site / "mxnet_pfc" / "train.py").write_text(
         "import os, sys\nprint('ARGS=' + ' '.join(sys.argv[1:]))\n"
         "for name in ('LD_LIBRARY_PATH', 'OMP_NUM_THREADS', 'PYTHONPATH'):\n"

@@ -249,7 +249,7 @@ def format_hosts(hosts: "list[tuple[str, int]]", form: str) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mxnet_pfc.runtime.slurm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, help="hosts: the allocation's usable hosts and slots")
     hosts = sub.add_parser("hosts", help="the allocation's usable hosts and their slots (tasks per node)")
     hosts.add_argument("--format", choices=("lines", "horovodrun", "hostfile", "np"), default="lines",
                        help="lines: 'host:slots' per line (the elastic supervisor's discovery format; the "
