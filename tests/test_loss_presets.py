@@ -120,8 +120,12 @@ def test_each_preset_sets_its_published_parameters():
 
 
 # Every loss with a class of its own learns. The combined-margin presets (arcface, cosface, combined,
-# cosface-small) are one class, whose learning the reference run and test_training.py show.
+# cosface-small) are one class, whose learning the reference run and test_training.py show. ElasticFace's
+# four presets are one class with two switches (arc or cos; "+": the margins sorted by the logits): two
+# runs cover both values of each, arc+ and cos (all four learned, measured below), which keeps the
+# suite's time (each run is a launch of ~15 s).
 OWN_CLASS = [name for name, (kind, _) in margin.LOSSES.items() if kind is not margin.CombinedMarginLoss]
+LEARNING_LOSSES = [name for name in OWN_CLASS if name not in ("elasticface-arc", "elasticface-cos+")]
 LEARNING_SET = (100, 16, 200)       # identities x images each; held-out verification pairs (chance 0.5)
 # 60 steps of a global batch of 32 (1.2 epochs), peak learning rate 0.05 after 20 steps of warm-up
 LEARNING_RUN = ("--batch_size", 16, "--max_update", 60, "--lr_base_batch", 32, "--warmup_epochs", 0.4)
@@ -140,12 +144,12 @@ def learning_set(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("loss", OWN_CLASS)
+@pytest.mark.parametrize("loss", LEARNING_LOSSES)
 def test_every_loss_learns_through_config_sh_on_2_ranks(learning_set, tmp_path, loss):
     """Every loss with a class of its own trains the set through config.sh on 2 ranks and verifies well above
     chance: at least LEARNED on 200 held-out pairs, where chance is 0.5 and the untrained network scores 0.66-0.715
     (--seed 0, 1, 2). A run is ~6 s of start-up and ~10 s of training; all eight took 110 s and 164 s in two
-    runs here (2 cores shared with other jobs, load averages 4 and 5).
+    runs here (2 cores shared with other jobs, load averages 4 and 5); the six run now, about 90 s.
 
     Measured 2026-11-25 in this setting (the runs are deterministic; the test runs seed 0), --seed 0, 1, 2:
       adaface 0.900 0.895 0.900          curricularface (s = 64) 0.905 0.930 0.875

@@ -237,13 +237,15 @@ def test_the_elastic_supervisor_relaunches_inside_the_job_and_scancel_ends_it(cl
 TWO_NODES = [("pfca", HOST_A, "a"), ("pfcb", HOST_B, "b")]
 
 
-@pytest.fixture
-def two_nodes(tmp_path):
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
     """Slurm on two hosts (two_hosts.py: network namespaces joined by a link that can be cut, sshd on the
-    second): node pfca runs the controller and a job's batch script, pfcb is the other node. (cluster, hosts)"""
+    second): node pfca runs the controller and a job's batch script, pfcb is the other node. (cluster, hosts)
+    One for the module (starting it takes ~10 s): the test that cuts the link comes last."""
     reason = unavailable_reason() or two_hosts_unavailable()
     if reason:
         pytest.skip(f"no two-node Slurm here: {reason}")
+    tmp_path = tmp_path_factory.mktemp("two-nodes")
     hosts = TwoHosts(tmp_path / "hosts").up()
     namespaces = {"a": hosts.ns_a, "b": hosts.ns_b}
     for ns in namespaces.values():          # the nodes' names resolve on both hosts, as on a cluster
