@@ -102,6 +102,17 @@ def test_the_batch_script_outside_a_job_and_its_help(tmp_path):
     assert out.returncode == 2 and "not inside a Slurm job: submit this script with sbatch" in out.stderr
     helped = subprocess.run(["bash", SBATCH, "--help"], capture_output=True, text=True, env=env)
     assert helped.returncode == 0 and "LAUNCHER" in helped.stdout and "scancel" in helped.stdout
+    # inside a job (as Slurm describes it), a tired user's mistakes are named before anything starts
+    job = {**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)",
+           "MXNET_PFC_REPO": str(REPO)}
+    typo = subprocess.run(["bash", SBATCH], capture_output=True, text=True, env={**job, "LAUNCHER": "mpi"},
+                          cwd=tmp_path)
+    assert typo.returncode == 2 and "LAUNCHER=mpi is none of mpirun, srun, horovodrun, elastic" in typo.stderr
+    assert "job 7: 4 ranks on n1:2,n2:2" in typo.stderr
+    elsewhere = subprocess.run(["bash", SBATCH], capture_output=True, text=True,
+                               env={**job, "MXNET_PFC_REPO": str(tmp_path)}, cwd=tmp_path)
+    assert elsewhere.returncode == 2 and f"cannot find the mxnet-pfc checkout ({tmp_path} has no config.sh)" in (
+        elsewhere.stderr)
 
 
 # ------------------------------------------------------------------ a real cluster
