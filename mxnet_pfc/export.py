@@ -57,26 +57,41 @@ def source_verification(model: str) -> "tuple[str, str] | None":
     return prefix, ModelFiles(prefix).verification
 
 
-def carry_verification(model: str, prefix: str, arg_params: dict, aux_params: dict) -> str:
-    """Copy the training's final verification beside the export when the exported parameters are exactly
-    those it measured (embed --pair reads its threshold there); returns the log line saying which."""
+def verification_of(model: str, arg_params: dict, aux_params: dict) -> "tuple[str | None, str]":
+    """(the training's final verification file when these parameters are exactly those it measured, else None;
+    why). Asked before the export writes anything: the verified model may be the one it is about to replace."""
     found = source_verification(model)
     if found is None:
-        return "no verification figures for this model: embed --pair will need --threshold (or run verify)"
+        return None, "no verification figures for this model: embed --pair will need --threshold (or run verify)"
     verified, file = found
     try:
         _, verified_arg, verified_aux = load_model(verified)[:3]
     except ModelError:
-        return f"{file} not carried: its model cannot be read"
+        return None, f"{file} not carried: its model cannot be read"
     same = all(name in verified_arg and np.array_equal(verified_arg[name].asnumpy(), value.asnumpy())
                for name, value in arg_params.items()) and \
         all(name in verified_aux and np.array_equal(verified_aux[name].asnumpy(), value.asnumpy())
             for name, value in aux_params.items())
     if not same:
-        return (f"{file} not carried: it measured other parameters than these (embed --pair will need "
-                "--threshold, or run verify)")
-    shutil.copyfile(file, ModelFiles(prefix).verification)
-    return f"verification figures (embed's threshold) carried from {file}"
+        return None, (f"{file} not carried: it measured other parameters than these (embed --pair will need "
+                      "--threshold, or run verify)")
+    return file, f"verification figures (embed's threshold) carried from {file}"
+
+
+def place_verification(file: "str | None", prefix: str, why: str) -> str:
+    """Put the verification file `file` (verification_of) beside the export PREFIX; without one, remove a file
+    left there by an earlier model, whose threshold would pass for this one's. Returns the log line."""
+    target = ModelFiles(prefix).verification
+    if file is None:
+        if os.path.exists(target):
+            os.remove(target)
+            why += (f"; {target} removed: it measured the parameters this export replaced (a training's final "
+                    "figures stay in its metrics.jsonl)")
+        return why
+    if os.path.abspath(file) == os.path.abspath(target):
+        return f"verification figures (embed's threshold) kept in {file}: they measured these parameters"
+    shutil.copyfile(file, target)
+    return why
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,11 +117,10 @@ def run(args) -> int:
     prefix = args.prefix or default_prefix(args.model)
     if os.path.abspath(prefix) == os.path.abspath(split_prefix(args.model)[0]):
         raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
+    verification, why = verification_of(args.model, arg_params, aux_params)
     files = export_model(prefix, symbol, arg_params, aux_params)
     log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
-    if os.path.abspath(ModelFiles(prefix).verification) != os.path.abspath(
-            (source_verification(args.model) or ("", ""))[1]):
-        log.info(carry_verification(args.model, prefix, arg_params, aux_params))
+    log.info(place_verification(verification, prefix, why))
     if args.onnx or args.check:
         log.info(f"ONNX (opset {args.opset}): {export_onnx(prefix, ModelFiles(prefix).onnx, opset=args.opset)}")
     if args.check:

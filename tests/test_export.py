@@ -5,6 +5,7 @@ model must give the trainer's embeddings through mx.model.load_checkpoint +
 Module and SymbolBlock.imports at any batch size, and through ONNX Runtime.
 """
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -287,6 +288,27 @@ def test_an_export_elsewhere_carries_the_verification_only_for_the_parameters_it
                 if carried else "not carried: it measured other parameters than these") in proc.stdout
         pair = run_command([sys.executable, "-m", "mxnet_pfc.embed", prefix, "--pair", faces, faces], timeout=120)
         assert (pair.returncode == 0) == carried, pair.stdout[-2000:]
+
+
+def test_an_earlier_checkpoint_exported_over_the_runs_model_leaves_no_threshold_of_another(trained, tmp_path):
+    """An earlier checkpoint exported to its default prefix (OUTPUT/model) replaces the model the training
+    verified: the final figures left beside it would give embed --pair the threshold of other parameters.
+    They are removed, and the log says so; the final checkpoint exported there again keeps them."""
+    _, shared = trained
+    run = tmp_path / "run"
+    shutil.copytree(shared, run)            # the fixture's run stays as it is for the other tests
+    faces = tmp_path / "a.png"
+    cv2.imwrite(str(faces), np.zeros((112, 112, 3), np.uint8))
+    final = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 6)], timeout=120)
+    assert final.returncode == 0 and (run / "model-verification.json").exists(), final.stdout[-3000:]
+    assert f"kept in {run / 'model-verification.json'}: they measured these parameters" in final.stdout
+    earlier = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 3)], timeout=120)
+    assert earlier.returncode == 0, earlier.stdout[-3000:]
+    assert not (run / "model-verification.json").exists()
+    assert f"{run / 'model-verification.json'} removed: it measured the parameters this export replaced" in (
+        earlier.stdout)
+    pair = run_command([sys.executable, "-m", "mxnet_pfc.embed", run, "--pair", faces, faces], timeout=120)
+    assert pair.returncode != 0 and "--threshold" in pair.stdout, pair.stdout[-2000:]
 
 
 @pytest.mark.parametrize("command", ["mxnet_pfc.export", "mxnet_pfc.verify", "mxnet_pfc.embed",
