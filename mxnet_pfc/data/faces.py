@@ -55,6 +55,16 @@ class WrongSize(ImageError):
     """A sound image that is not size x size, when no resize was asked for."""
 
 
+def full_batch(images: np.ndarray, batch_size: int) -> np.ndarray:
+    """n <= batch_size face arrays (n, 3, H, W) as float32, followed by zero images up to batch_size: an MXNet
+    module is bound for full batches; the caller keeps the first n outputs."""
+    if len(images) > batch_size:
+        raise ValueError(f"a batch of at most {batch_size} images, got {len(images)}")
+    batch = np.zeros((batch_size, *images.shape[1:]), np.float32)
+    batch[:len(images)] = images
+    return batch
+
+
 def decode_face(payload: bytes, source: str, size: "int | tuple[int, int]" = FACE_SIZE,
                 resize: bool = False, strict: bool = True, interpolation: int = cv2.INTER_AREA) -> np.ndarray:
     """RGB uint8 (height, width, 3) pixels of an encoded face; ImageError naming `source` if it is not one.

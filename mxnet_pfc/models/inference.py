@@ -17,7 +17,7 @@ import mxnet as mx
 import numpy as np
 
 import symbols
-from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.data.faces import FACE_SIZE, full_batch
 from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
 from mxnet_pfc.training import checkpoint
@@ -138,8 +138,6 @@ class Embedder:
         """Raw embeddings (n, D) float32 of RGB 0..255 images (n, 3, H, W), n <= batch_size."""
         if self.module is None:
             raise RuntimeError("Embedder: set_params() before embedding")
-        count = len(images)
-        if count < self.batch_size:        # the module is bound for full batches
-            images = np.concatenate([images, np.zeros((self.batch_size - count, *images.shape[1:]), images.dtype)])
-        self.module.forward(mx.io.DataBatch([mx.nd.array(images, dtype="float32")]), is_train=False)
-        return self.module.get_outputs()[0].asnumpy()[:count]        # host sync point
+        batch = mx.nd.array(full_batch(images, self.batch_size), dtype="float32")
+        self.module.forward(mx.io.DataBatch([batch]), is_train=False)
+        return self.module.get_outputs()[0].asnumpy()[:len(images)]        # host sync point

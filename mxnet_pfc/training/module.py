@@ -20,7 +20,7 @@ import warnings
 import mxnet as mx
 import numpy as np
 
-from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.data.faces import FACE_SIZE, full_batch
 from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.training import distill
@@ -175,16 +175,11 @@ class PartialFCModule:
     def embed(self, images: np.ndarray) -> np.ndarray:
         """Embeddings (n, D) of n <= batch_size RGB images (n, 3, H, W) under the current backbone, in
         inference mode (BatchNorm's moving statistics, no dropout); no gradient, nothing changes."""
-        count = len(images)
-        if count > self.batch_size:
-            raise ValueError(f"embed takes at most {self.batch_size} images, got {count}")
-        batch = np.zeros(self.data_shape, np.float32)        # the module is bound for full batches
-        batch[:count] = images
-        inputs = [mx.nd.array(batch)]
+        inputs = [mx.nd.array(full_batch(images, self.batch_size))]
         if self.teacher is not None:       # the distillation term's input, unused for the embedding
             inputs.append(mx.nd.zeros(self._teacher_shape))
         self.module.forward(mx.io.DataBatch(inputs), is_train=False)
-        return self.module.get_outputs()[0].asnumpy()[:count]
+        return self.module.get_outputs()[0].asnumpy()[:len(images)]
 
     def get_params(self):
         """(arg_params, aux_params) of the backbone, copied to the CPU.
