@@ -57,41 +57,46 @@ def source_verification(model: str) -> "tuple[str, str] | None":
     return prefix, ModelFiles(prefix).verification
 
 
-def verification_of(model: str, arg_params: dict, aux_params: dict) -> "tuple[str | None, str]":
-    """(the training's final verification file when these parameters are exactly those it measured, else None;
-    why). Asked before the export writes anything: the verified model may be the one it is about to replace."""
-    found = source_verification(model)
-    if found is None:
-        return None, "no verification figures for this model: embed --pair will need --threshold (or run verify)"
-    verified, file = found
+def _measured(prefix: str, arg_params: dict, aux_params: dict) -> bool:
+    """Whether the model at `prefix` holds exactly these parameters (what its verification file measured)."""
     try:
-        _, verified_arg, verified_aux = load_model(verified)[:3]
+        _, arg, aux = load_model(prefix)[:3]
     except ModelError:
-        return None, f"{file} not carried: its model cannot be read"
-    same = all(name in verified_arg and np.array_equal(verified_arg[name].asnumpy(), value.asnumpy())
+        return False
+    return all(name in arg and np.array_equal(arg[name].asnumpy(), value.asnumpy())
                for name, value in arg_params.items()) and \
-        all(name in verified_aux and np.array_equal(verified_aux[name].asnumpy(), value.asnumpy())
-            for name, value in aux_params.items())
-    if not same:
-        return None, (f"{file} not carried: it measured other parameters than these (embed --pair will need "
-                      "--threshold, or run verify)")
-    return file, f"verification figures (embed's threshold) carried from {file}"
+        all(name in aux and np.array_equal(aux[name].asnumpy(), value.asnumpy()) for name, value in aux_params.items())
 
 
-def place_verification(file: "str | None", prefix: str, why: str) -> str:
-    """Put the verification file `file` (verification_of) beside the export PREFIX; without one, remove a file
-    left there by an earlier model, whose threshold would pass for this one's. Returns the log line."""
+def verification_of(model: str, prefix: str, arg_params: dict, aux_params: dict) -> "tuple[str | None, str]":
+    """(a verification file that measured exactly these parameters, else None; why): the training's final
+    one for what MODEL names, else the one already beside PREFIX. Asked before the export writes anything:
+    the verified model may be the one it is about to replace."""
+    found = source_verification(model)
     target = ModelFiles(prefix).verification
-    if file is None:
-        if os.path.exists(target):
-            os.remove(target)
-            why += (f"; {target} removed: it measured the parameters this export replaced (a training's final "
-                    "figures stay in its metrics.jsonl)")
-        return why
-    if os.path.abspath(file) == os.path.abspath(target):
-        return f"verification figures (embed's threshold) kept in {file}: they measured these parameters"
-    shutil.copyfile(file, target)
-    return why
+    kept = f"verification figures (embed's threshold) kept in {target}: they measured these parameters"
+    if found is not None and _measured(found[0], arg_params, aux_params):
+        if os.path.abspath(found[1]) == os.path.abspath(target):
+            return target, kept
+        return found[1], f"verification figures (embed's threshold) carried from {found[1]}"
+    if os.path.isfile(target) and _measured(prefix, arg_params, aux_params):
+        return target, kept
+    if found is not None:
+        return None, (f"{found[1]} not carried: it measured other parameters than these (embed --pair will need "
+                      "--threshold, or run verify)")
+    return None, "no verification figures for this model: embed --pair will need --threshold (or run verify)"
+
+
+def clear_verification(keep: "str | None", prefix: str) -> str:
+    """Remove the verification file beside PREFIX unless it is `keep`, before the export replaces the model it
+    measured (were the export stopped half-way, its threshold would pass for other parameters). Returns
+    what the log adds ('' when nothing was there)."""
+    target = ModelFiles(prefix).verification
+    if not os.path.exists(target) or (keep is not None and os.path.abspath(keep) == os.path.abspath(target)):
+        return ""
+    os.remove(target)
+    return "" if keep is not None else (f"; {target} removed: it measured the parameters this export replaced "
+                                        "(a training's final figures stay in its metrics.jsonl)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,10 +122,13 @@ def run(args) -> int:
     prefix = args.prefix or default_prefix(args.model)
     if os.path.abspath(prefix) == os.path.abspath(split_prefix(args.model)[0]):
         raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
-    verification, why = verification_of(args.model, arg_params, aux_params)
+    verification, why = verification_of(args.model, prefix, arg_params, aux_params)
+    why += clear_verification(verification, prefix)
     files = export_model(prefix, symbol, arg_params, aux_params)
     log.info(f"{source} -> {' + '.join(files)} ({sum(v.size for v in arg_params.values()):,} parameters)")
-    log.info(place_verification(verification, prefix, why))
+    if verification is not None and os.path.abspath(verification) != os.path.abspath(ModelFiles(prefix).verification):
+        shutil.copyfile(verification, ModelFiles(prefix).verification)
+    log.info(why)
     if args.onnx or args.check:
         log.info(f"ONNX (opset {args.opset}): {export_onnx(prefix, ModelFiles(prefix).onnx, opset=args.opset)}")
     if args.check:

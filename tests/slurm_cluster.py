@@ -160,8 +160,32 @@ class SlurmCluster:
         self.run("scancel", job_id, check=False)
         raise TimeoutError(f"Slurm job {job_id} did not end in {timeout:g} s (cancelled)")
 
-    def down(self) -> None:
+    def cancel_all(self, timeout: float = 60.0) -> None:
+        """Cancel every job and wait until the controller has none left running (bounded)."""
         self.run("scancel", "--user", "root", check=False)
+        end = time.time() + timeout
+        while time.time() < end and self.run("squeue", "-h", "-o", "%i", check=False).stdout.strip():
+            time.sleep(0.5)
+
+    def leftovers(self) -> "list[int]":
+        """Processes started for this cluster's jobs (their environment names its configuration)."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and mark in open(f"/proc/{entry}/environ", "rb").read().split(b"\0"):
+                    found.append(int(entry))
+            except OSError:
+                continue
+        return [pid for pid in found if pid != os.getpid()]
+
+    def down(self) -> None:
+        """Cancel the jobs, stop the daemons, and kill whatever a job left (ranks that horovodrun started in
+        sessions of their own escape Slurm's process tracking here)."""
+        try:
+            self.cancel_all()
+        except (OSError, subprocess.SubprocessError):
+            pass
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 proc.terminate()
@@ -170,3 +194,8 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        for pid in self.leftovers():
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass

@@ -302,6 +302,12 @@ def test_an_earlier_checkpoint_exported_over_the_runs_model_leaves_no_threshold_
     final = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 6)], timeout=120)
     assert final.returncode == 0 and (run / "model-verification.json").exists(), final.stdout[-3000:]
     assert f"kept in {run / 'model-verification.json'}: they measured these parameters" in final.stdout
+    # a copy of the final checkpoint, outside any run, has no figures of its own: those in place still hold
+    backup = tmp_path / "backup-6"
+    shutil.copytree(ckpt(run / "checkpoints", 6), backup)
+    again = run_command([sys.executable, "-m", "mxnet_pfc.export", backup, "--prefix", run / "model"], timeout=120)
+    assert again.returncode == 0 and (run / "model-verification.json").exists(), again.stdout[-3000:]
+    assert "they measured these parameters" in again.stdout
     earlier = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 3)], timeout=120)
     assert earlier.returncode == 0, earlier.stdout[-3000:]
     assert not (run / "model-verification.json").exists()

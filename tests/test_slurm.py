@@ -39,7 +39,8 @@ def test_hostlists_and_counts_as_slurm_writes_them():
     assert slurm.expand_hostlist("node-[098-101]-ib") == ["node-098-ib", "node-099-ib", "node-100-ib", "node-101-ib"]
     assert slurm.expand_counts("8(x3),4") == [8, 8, 8, 4]
     for bad, named in (("gpu[01-03", "unclosed"), ("gpu[3-1]", "backwards"), ("gpu[a-b]", "'a-b'"),
-                       ("a,,b", "empty name"), ("g[[1]]", "nested")):
+                       ("a,,b", "empty name"), ("g[[1]]", "nested"), ("gpu[]", "not a node name"),
+                       ("a, b", "not a node name"), ("n[0-99999999]", "more than 100,000 nodes")):
         with pytest.raises(slurm.SlurmError, match=named):
             slurm.expand_hostlist(bad)
     with pytest.raises(slurm.SlurmError, match="'2x' in the per-node counts"):
@@ -71,18 +72,36 @@ def test_lost_nodes_are_left_out_of_discovery(monkeypatch):
 
 
 @pytest.mark.parametrize("fields, said", [
-    ("JobState=RUNNING TimeLimit=01:00:00 RunTime=00:10:00", None),
-    ("JobState=COMPLETING TimeLimit=01:00:00 RunTime=00:10:00", "was cancelled (scancel, or preempted)"),
-    ("JobState=COMPLETING TimeLimit=00:10:00 RunTime=00:10:01", "reached its time limit (00:10:00)"),
-    ("JobState=TIMEOUT TimeLimit=1-00:00:00 RunTime=1-00:00:00", "reached its time limit (1-00:00:00)"),
-    ("JobState=PREEMPTED TimeLimit=UNLIMITED RunTime=00:10:00", "was preempted"),
-    ("JobState=NODE_FAIL TimeLimit=UNLIMITED RunTime=00:10:00", "a node of the Slurm job 42 failed"),
+    # what scontrol shows at the SIGTERM: COMPLETING whatever the cause (seen with scancel here)
+    ("JobState=RUNNING Reason=None TimeLimit=01:00:00 RunTime=00:10:00", None),
+    ("JobState=COMPLETING Reason=None TimeLimit=01:00:00 RunTime=00:10:00", "was cancelled (scancel;"),
+    ("JobState=COMPLETING Reason=TimeLimit TimeLimit=00:10:00 RunTime=00:09:58", "reached its time limit (00:10:00)"),
+    ("JobState=COMPLETING Reason=None TimeLimit=1-00:00:00 RunTime=1-00:00:01", "reached its time limit (1-00:00:00)"),
+    ("JobState=COMPLETING Reason=NodeDown TimeLimit=UNLIMITED RunTime=00:10:00", "a node of the Slurm job 42 failed"),
+    ("JobState=COMPLETING Reason=Preempted TimeLimit=UNLIMITED RunTime=00:10:00", "was preempted"),
+    # states that are not Slurm ending the job: the signal came from elsewhere
+    ("JobState=COMPLETED Reason=None TimeLimit=UNLIMITED RunTime=00:10:00", None),
+    ("JobState=CONFIGURING Reason=None TimeLimit=UNLIMITED RunTime=00:00:01", None),
 ])
 def test_why_slurm_ends_a_job(monkeypatch, fields, said):
-    monkeypatch.setattr(slurm, "_scontrol", lambda *args: f"JobId=42 {fields}\n")
+    monkeypatch.setattr(slurm, "_scontrol", lambda *args, timeout: f"JobId=42 {fields}\n")
     ending = slurm.job_ending({"SLURM_JOB_ID": "42"})
     assert ending == said if said is None else said in ending
     assert slurm.job_ending({}) is None         # not in a job: no scontrol asked
+
+
+def test_node_states_as_scontrol_prints_them(monkeypatch):
+    lines = ("NodeName=pfca Arch=x86_64 CoresPerSocket=1 CPUAlloc=1 State=MIXED ThreadsPerCore=1 Partitions=debug\n"
+             "NodeName=pfcb Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 State=DOWN+NOT_RESPONDING Reason=Not responding "
+             "[slurm@2026-11-26T02:31:30]\n"
+             "NodeName=pfcc Arch=x86_64 State=ALLOCATED* Partitions=debug\n")
+    monkeypatch.setattr(slurm, "_scontrol", lambda *args, timeout=0: lines)
+    monkeypatch.setattr(slurm, "job_nodes", lambda job: None)
+    assert slurm.node_states(["pfca", "pfcb", "pfcc"]) == {"pfca": "MIXED", "pfcb": "DOWN+NOT_RESPONDING",
+                                                          "pfcc": "ALLOCATED*"}
+    # an older scontrol marks a silent node with "*"
+    alloc = slurm.Allocation("1", (("pfca", 1), ("pfcb", 1), ("pfcc", 1)))
+    assert slurm.usable_hosts(alloc) == [("pfca", 1)]
 
 
 def test_a_rank_of_an_srun_step_takes_its_share_of_the_cores():
@@ -117,7 +136,7 @@ def test_the_batch_script_outside_a_job_and_its_help(tmp_path):
 
 # ------------------------------------------------------------------ a real cluster
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def one_node(tmp_path_factory):
     reason = unavailable_reason()
     if reason:
         pytest.skip(f"no Slurm here: {reason}")
@@ -127,8 +146,19 @@ def cluster(tmp_path_factory):
     except RuntimeError as error:
         started.down()
         pytest.skip(f"Slurm could not start here: {error}")
+    except BaseException:
+        started.down()
+        raise
     yield started
     started.down()
+
+
+@pytest.fixture
+def cluster(one_node):
+    """The one-node cluster, with no job of this test left running after it (a failed test's long job
+    would train on through the next tests)."""
+    yield one_node
+    one_node.cancel_all()
 
 
 def submit(cluster, tmp_path, trainer_args, *sbatch_args, env=None) -> "tuple[str, object]":
@@ -236,8 +266,8 @@ def test_the_elastic_supervisor_relaunches_inside_the_job_and_scancel_ends_it(cl
     assert events[0]["event"] == "launch (start)" and events[0]["hosts"] == f"{cluster.node}:2", events
     assert [e["event"] for e in events if e["event"].startswith("launch")][1:] == [
         "launch (restart 1/1: the job lost a rank or host (exit 1)): --resume latest"], events
-    assert events[-1]["event"].startswith(f"the Slurm job {job} was cancelled (scancel, or preempted): "
-                                          "interrupted (SIGTERM): job stopped"), events
+    assert events[-1]["event"].startswith(f"the Slurm job {job} was cancelled (scancel; a preemption that cancels "
+                                          "looks the same): interrupted (SIGTERM): job stopped"), events
     for r in (0, 1):
         said = (output / "logs" / f"rank{r}.log").read_text().split("stopping:")[-1]
         assert said.startswith(f" the Slurm job {job} was cancelled"), (r, said)
@@ -252,7 +282,7 @@ TWO_NODES = [("pfca", HOST_A, "a"), ("pfcb", HOST_B, "b")]
 def two_nodes(tmp_path_factory):
     """Slurm on two hosts (two_hosts.py: network namespaces joined by a link that can be cut, sshd on the
     second): node pfca runs the controller and a job's batch script, pfcb is the other node. (cluster, hosts)
-    One for the module (starting it takes ~10 s): the test that cuts the link comes last."""
+    One for the module (starting it takes ~10 s); `nodes` mends the link after each test."""
     reason = unavailable_reason() or two_hosts_unavailable()
     if reason:
         pytest.skip(f"no two-node Slurm here: {reason}")
@@ -265,18 +295,29 @@ def two_nodes(tmp_path_factory):
     cluster = SlurmCluster(tmp_path / "slurm", [(name, address, namespaces[ns]) for name, address, ns in TWO_NODES])
     try:
         cluster.up()
-    except RuntimeError as error:
+    except BaseException as error:
         cluster.down()
         hosts.down()
-        pytest.skip(f"two-node Slurm could not start here: {error}")
+        if isinstance(error, RuntimeError):
+            pytest.skip(f"two-node Slurm could not start here: {error}")
+        raise
     yield cluster, hosts
     cluster.down()
     hosts.down()
 
 
-def test_mpirun_reaches_the_second_node_through_slurm(two_nodes, reference, tmp_path):
+@pytest.fixture
+def nodes(two_nodes):
+    """The two-node cluster, its link up again and no job of this test running after it."""
+    yield two_nodes
+    cluster, hosts = two_nodes
+    hosts.mend()
+    cluster.cancel_all()
+
+
+def test_mpirun_reaches_the_second_node_through_slurm(nodes, reference, tmp_path):
     """sbatch -N 2: the default launcher starts rank 1 on the other node through Slurm (no ssh)."""
-    cluster, _ = two_nodes
+    cluster, _ = nodes
     data, _ = reference
     output = tmp_path / "run"
     job, out = submit(cluster, tmp_path, tiny_synthetic_run(data, output, "--max_update", 4, "--frequent", 1),
@@ -287,11 +328,11 @@ def test_mpirun_reaches_the_second_node_through_slurm(two_nodes, reference, tmp_
     assert f"StepId={job}.0" in (cluster.workdir / "logs" / "slurmd-pfcb.log").read_text()   # a step on pfcb
 
 
-def test_a_node_lost_inside_the_job_is_relaunched_around(two_nodes, reference, tmp_path):
+def test_a_node_lost_inside_the_job_is_relaunched_around(nodes, reference, tmp_path):
     """LAUNCHER=elastic, sbatch -N 2 --no-kill: the link to pfcb is cut while both ranks train; the job
     ends within the Gloo timeout, Slurm marks pfcb down, and the supervisor, discovering the allocation
     again, relaunches on pfca alone from the last checkpoint; the run finishes in the same Slurm job."""
-    cluster, hosts = two_nodes
+    cluster, hosts = nodes
     data, _ = reference
     output = tmp_path / "run"
     env = {"LAUNCHER": "elastic", "ELASTIC_ARGS": "--discovery-interval 1 --max-restarts 3",

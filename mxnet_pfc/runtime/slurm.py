@@ -21,12 +21,18 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-# A node in one of these states is lost to the job (the job itself may live on with --no-kill).
-LOST_STATES = ("DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN")
+# A node in one of these states is lost to the job (the job itself may live on with --no-kill). Not DRAIN or
+# FAIL: an administrator's request that leaves running jobs running.
+LOST_STATES = ("DOWN", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN")
 # A task bound to CPUs of its own by Slurm's --cpu-bind: its affinity is already its share.
 BOUND_TYPES = ("mask_cpu", "map_cpu", "map_ldom", "mask_ldom", "cores", "threads", "sockets", "ldoms",
                "rank")
 SCONTROL_TIMEOUT = 10.0
+MAX_NODES = 100_000         # more nodes than any allocation has: a range beyond it is a damaged value
+# Asked while a rank stops on SIGTERM: horovodrun kills its ranks 5 s after passing the signal on.
+ENDING_TIMEOUT = 2.0
+# The states of a job Slurm is ending (a job being ended shows COMPLETING until its processes are gone).
+ENDING_STATES = ("COMPLETING", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE")
 
 
 class SlurmError(ValueError):
@@ -66,6 +72,8 @@ def _range_values(body: str, whole: str) -> "list[str]":
             continue
         if int(high) < int(low):
             raise SlurmError(f"the range {item!r} in the host list {whole!r} runs backwards")
+        if int(high) - int(low) >= MAX_NODES:
+            raise SlurmError(f"the range {item!r} in the host list {whole!r} names more than {MAX_NODES:,} nodes")
         width = len(low) if low.startswith("0") else 0
         values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
     return values
@@ -81,6 +89,8 @@ def expand_hostlist(text: str) -> "list[str]":
     for part in _split_top(text):
         if not part:
             raise SlurmError(f"an empty name in the host list {text!r}")
+        if re.search(r"\s", part) or "[]" in part:
+            raise SlurmError(f"{part!r} in the host list {text!r} is not a node name")
         names = [""]
         for literal, body in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part):
             values = _range_values(body, text) if body else [""]
@@ -148,10 +158,10 @@ def cpus_bound_per_task(environ: dict) -> bool:
     return any(bound in kind for bound in BOUND_TYPES)
 
 
-def _scontrol(*args: str) -> "str | None":
-    """scontrol's output, or None when it cannot answer (not installed, no controller)."""
+def _scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT) -> "str | None":
+    """scontrol's output, or None when it cannot answer in `timeout` s (not installed, no controller)."""
     try:
-        proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT)
+        proc = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
@@ -193,37 +203,41 @@ def usable_hosts(alloc: Allocation) -> "list[tuple[str, int]]":
     states = node_states([host for host, _ in alloc.hosts])
     usable = []
     for host, slots in alloc.hosts:
-        flags = {flag.rstrip("*") for flag in states.get(host, "").split("+")}
+        flags = set()
+        for flag in states.get(host, "").split("+"):
+            flags |= {flag.rstrip("*"), "NOT_RESPONDING"} if flag.endswith("*") else {flag}   # older scontrol: "*"
         if (held is None or host in held) and not flags.intersection(LOST_STATES):
             usable.append((host, slots))
     return usable
 
 
 def job_ending(environ: "dict | None" = None) -> "str | None":
-    """Why the Slurm job of this process is ending, when Slurm is ending it (the SIGTERM it sends every task
-    on scancel, at the time limit or on preemption), or None: not in a job, or the job still runs (the
-    signal came from elsewhere)."""
+    """Why Slurm is ending the job of this process, when it is (it sends every task SIGTERM on scancel, at the
+    time limit, on preemption, when a node fails), or None: not in a job, or the job still runs (the signal
+    came from elsewhere, e.g. a preemption's grace time, which looks the same). At that moment the job shows
+    COMPLETING whatever the cause, so the cause is read from its Reason and run time."""
     env = os.environ if environ is None else environ
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job_id:
         return None
-    out = _scontrol("show", "job", "-o", job_id)
+    out = _scontrol("show", "job", "-o", job_id, timeout=ENDING_TIMEOUT)
     if not out:
         return None
     fields = _fields(out.splitlines()[0])
-    state = fields.get("JobState", "")
-    if state in ("RUNNING", "PENDING", "SUSPENDED", "REQUEUED", ""):
+    state, reason = fields.get("JobState", ""), fields.get("Reason", "")
+    if state not in ENDING_STATES:
         return None
     limit, run_time = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
-    if state == "TIMEOUT" or (limit is not None and run_time is not None and run_time >= limit):
+    if state == "TIMEOUT" or reason == "TimeLimit" or (limit is not None and run_time is not None
+                                                        and run_time >= limit):
         return f"the Slurm job {job_id} reached its time limit ({fields.get('TimeLimit', '?')})"
-    if state == "PREEMPTED":
+    if state == "PREEMPTED" or reason.startswith("Preempt"):
         return f"the Slurm job {job_id} was preempted"
-    if state == "NODE_FAIL":
+    if state == "NODE_FAIL" or reason in ("NodeDown", "NodeFail"):
         return f"a node of the Slurm job {job_id} failed"
-    if state in ("COMPLETING", "CANCELLED"):     # scancel; preemption that cancels looks the same
-        return f"the Slurm job {job_id} was cancelled (scancel, or preempted)"
-    return f"the Slurm job {job_id} is ending (state {state})"
+    if state == "DEADLINE":
+        return f"the Slurm job {job_id} reached its deadline"
+    return f"the Slurm job {job_id} was cancelled (scancel; a preemption that cancels looks the same)"
 
 
 def _seconds(text: str) -> "int | None":

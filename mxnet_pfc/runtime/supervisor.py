@@ -276,6 +276,7 @@ class Supervisor:
         self.launch_id: "str | None" = None      # of the job watched now (None: a run started by hand)
         self.restarts = 0
         self.interrupted: "int | None" = None
+        self.slurm_ending: "str | None" = None      # why Slurm ended the job, when it did (slurm.job_ending)
         os.makedirs(self.run_folder.elastic, exist_ok=True)
         os.makedirs(self.run_folder.logs, exist_ok=True)
 
@@ -415,7 +416,7 @@ class Supervisor:
             adopted = None
             if self.interrupted is not None:
                 left = " (not ours to stop: left running)" if isinstance(job, HeldOutput) else ""
-                ending = slurm.job_ending()     # scancel, a time limit: say so rather than "interrupted"
+                ending = self.slurm_ending or slurm.job_ending()     # scancel, a time limit: say so
                 why = f"{ending}: " if ending else ""
                 self.event(np_, assigned,
                            f"{why}interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
@@ -456,6 +457,7 @@ class Supervisor:
         next_look = time.time() + self.args.discovery_interval
         while job.running():
             if self.interrupted is not None:
+                self.slurm_ending = slurm.job_ending()     # asked now: stopping the job may take --stop-grace s
                 return job.stop(self.interrupted, grace=self.args.stop_grace)
             if not asked and time.time() >= next_look:
                 next_look = time.time() + self.args.discovery_interval
