@@ -24,7 +24,7 @@ from launch import (
 from mxnet_pfc.runtime import stops
 from mxnet_pfc.runtime.run_folder import RunFolder
 
-STALL_TIMEOUT = 12       # seconds (warning at a quarter); each test's own bound allows for a slow, loaded machine on top
+STALL_TIMEOUT = 12       # seconds (warning at a quarter); each test's bound allows for a slow, loaded machine on top
 STUCK_STEP = 6
 STUCK_FUNCTION = "stuck_reading_a_batch"
 
