@@ -9,6 +9,8 @@
   dist_worker.py nan-center OUTDIR VALUE T the last rank's first center is VALUE (nan, inf), inter-class
                                            filtering above T (0: off); writes
                                            OUTDIR/rank<R>.json (error, centers unchanged)
+  dist_worker.py broadcast OUTDIR          rank-specific parameters of three dtypes and shapes, then
+                                           comm.broadcast_parameters from rank 1; writes OUTDIR/rank<R>.npz
 """
 import json
 import sys
@@ -116,9 +118,25 @@ def nan_center(out_dir, value, threshold):
         json.dump(report, f)
 
 
+def broadcast(out_dir):
+    """Parameters that differ on every rank (values, a -0.0, a NaN) in float32, float64 and float16."""
+    comm.init()
+    rank = comm.rank()
+    rng = np.random.default_rng(rank)
+    params = {"b_weight": mx.nd.array(rng.normal(size=(3, 4)), dtype="float32"),
+              "a_gamma": mx.nd.array([-0.0, np.nan, rank + 0.5], dtype="float32"),
+              "c_var": mx.nd.array(rng.normal(size=(5,)), dtype="float64"),
+              "d_half": mx.nd.array(rng.normal(size=(2, 2)), dtype="float16")}
+    before = {name: value.asnumpy() for name, value in params.items()}
+    comm.broadcast_parameters(params, root_rank=1)
+    np.savez(f"{out_dir}/rank{rank}.npz", **{f"after/{n}": v.asnumpy() for n, v in params.items()},
+             **{f"before/{n}": v for n, v in before.items()})
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
-    {"golden": lambda: golden(sys.argv[2], sys.argv[3]),
+    {"broadcast": lambda: broadcast(sys.argv[2]),
+     "golden": lambda: golden(sys.argv[2], sys.argv[3]),
      "bad": lambda: bad(sys.argv[2]),
      "bad-uncaught": lambda: bad_uncaught(sys.argv[2]),
      "bad-config": bad_config,

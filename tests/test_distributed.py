@@ -147,3 +147,20 @@ def test_filtering_is_exercised():
         negative[np.arange(len(y)), y] = False
         assert (cos[negative] > threshold).mean() > 0.05, name
         assert (cos[~negative] > threshold).any(), f"{name}: a confident target must stay unfiltered"
+
+
+def test_broadcast_parameters_gives_every_rank_the_roots_values_in_every_dtype(tmp_path):
+    """comm.broadcast_parameters (the backbone at start, a pretrained or teacher model) on 3 ranks from rank 1:
+    every rank ends with rank 1's values, dtype and shape, NaN included (one allreduce per dtype, the others
+    contributing zeros; Horovod's in-place broadcast crashed now and then)."""
+    from launch import run_ranks
+    proc = run_ranks(3, ["tests/dist_worker.py", "broadcast", tmp_path], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(3)]
+    root = ranks[1]
+    assert not np.array_equal(ranks[0]["before/b_weight"], root["before/b_weight"])     # they did differ
+    for got in ranks:
+        for name in ("a_gamma", "b_weight", "c_var", "d_half"):
+            after, expected = got[f"after/{name}"], root[f"before/{name}"]
+            assert after.dtype == expected.dtype and after.shape == expected.shape, name
+            np.testing.assert_array_equal(after, expected)          # NaN where NaN, -0.0 == 0.0

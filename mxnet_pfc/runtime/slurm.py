@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 # A node in one of these states is lost to the job (the job itself may live on with --no-kill). Not DRAIN or
@@ -30,7 +31,7 @@ BOUND_TYPES = ("mask_cpu", "map_cpu", "map_ldom", "mask_ldom", "cores", "threads
 SCONTROL_TIMEOUT = 10.0
 MAX_NODES = 100_000         # more nodes than any allocation has: a range beyond it is a damaged value
 # Asked while a rank stops on SIGTERM: horovodrun kills its ranks 5 s after passing the signal on.
-ENDING_TIMEOUT = 2.0
+ENDING_TIMEOUT, ENDING_RETRY = 3.0, 0.25
 # The states of a job Slurm is ending (a job being ended shows COMPLETING until its processes are gone).
 ENDING_STATES = ("COMPLETING", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE")
 
@@ -211,22 +212,26 @@ def usable_hosts(alloc: Allocation) -> "list[tuple[str, int]]":
     return usable
 
 
-def job_ending(environ: "dict | None" = None) -> "str | None":
+def job_ending(environ: "dict | None" = None, budget: float = ENDING_TIMEOUT) -> "str | None":
     """Why Slurm is ending the job of this process, when it is (it sends every task SIGTERM on scancel, at the
     time limit, on preemption, when a node fails), or None: not in a job, or the job still runs (the signal
     came from elsewhere, e.g. a preemption's grace time, which looks the same). At that moment the job shows
-    COMPLETING whatever the cause, so the cause is read from its Reason and run time."""
+    COMPLETING whatever the cause, so the cause is read from its Reason and run time. Asked again for up to
+    `budget` s while the controller does not answer or does not yet show the end."""
     env = os.environ if environ is None else environ
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job_id:
         return None
-    out = _scontrol("show", "job", "-o", job_id, timeout=ENDING_TIMEOUT)
-    if not out:
-        return None
-    fields = _fields(out.splitlines()[0])
-    state, reason = fields.get("JobState", ""), fields.get("Reason", "")
-    if state not in ENDING_STATES:
-        return None
+    deadline = time.monotonic() + budget
+    while True:       # the controller may be slow to answer, or not yet show the end, while it signals
+        out = _scontrol("show", "job", "-o", job_id, timeout=max(0.5, deadline - time.monotonic()))
+        fields = _fields(out.splitlines()[0]) if out else {}
+        state, reason = fields.get("JobState", ""), fields.get("Reason", "")
+        if state in ENDING_STATES:
+            break
+        if time.monotonic() + ENDING_RETRY > deadline:
+            return None
+        time.sleep(ENDING_RETRY)
     limit, run_time = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
     if state == "TIMEOUT" or reason == "TimeLimit" or (limit is not None and run_time is not None
                                                         and run_time >= limit):
