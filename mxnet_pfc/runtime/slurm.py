@@ -122,12 +122,18 @@ class Allocation:
         return sum(slots for _, slots in self.hosts)
 
 
+def job_id(environ: "dict | None" = None) -> "str | None":
+    """The id of the Slurm job this process runs in (SLURM_JOB_ID, or the older SLURM_JOBID), or None."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+
+
 def allocation(environ: "dict | None" = None) -> Allocation:
     """The allocation described by the environment of a Slurm job; SlurmError outside one."""
     env = os.environ if environ is None else environ
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    job = job_id(env)
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not job_id or not nodelist:
+    if not job or not nodelist:
         raise SlurmError("not inside a Slurm job: SLURM_JOB_ID and SLURM_JOB_NODELIST are not set "
                          "(run this in a batch script, under salloc, or in an srun step)")
     hosts = expand_hostlist(nodelist)
@@ -136,7 +142,7 @@ def allocation(environ: "dict | None" = None) -> Allocation:
     if len(counts) != len(hosts):
         raise SlurmError(f"SLURM_TASKS_PER_NODE={tasks} gives {len(counts)} counts for the {len(hosts)} nodes "
                          f"of SLURM_JOB_NODELIST={nodelist}")
-    return Allocation(job_id, tuple(zip(hosts, counts)))
+    return Allocation(job, tuple(zip(hosts, counts)))
 
 
 def tasks_on_this_node(environ: dict) -> "int | None":
@@ -173,6 +179,12 @@ def _fields(line: str) -> "dict[str, str]":
     return dict(item.split("=", 1) for item in line.split() if "=" in item)
 
 
+def _job_fields(job: str, timeout: float = SCONTROL_TIMEOUT) -> "dict[str, str]":
+    """The controller's record of the job (`scontrol show job -o`) as fields; empty when it cannot answer."""
+    out = _scontrol("show", "job", "-o", job, timeout=timeout)
+    return _fields(out.splitlines()[0]) if out else {}
+
+
 def node_states(names: "list[str]") -> "dict[str, str]":
     """{node: state} as scontrol reports them (`ALLOCATED`, `IDLE+DRAIN`, `DOWN+NOT_RESPONDING`); empty when
     scontrol cannot answer."""
@@ -185,11 +197,10 @@ def node_states(names: "list[str]") -> "dict[str, str]":
     return states
 
 
-def job_nodes(job_id: str) -> "list[str] | None":
+def job_nodes(job: str) -> "list[str] | None":
     """The nodes the job holds now as the controller has them (a node lost by a job submitted with
     --no-kill leaves it), or None when scontrol cannot answer."""
-    out = _scontrol("show", "job", "-o", job_id)
-    nodes = _fields(out.splitlines()[0]).get("NodeList", "") if out else ""
+    nodes = _job_fields(job).get("NodeList", "")
     try:
         return expand_hostlist(nodes) if nodes and nodes != "(null)" else None
     except SlurmError:
@@ -218,14 +229,12 @@ def job_ending(environ: "dict | None" = None, budget: float = ENDING_TIMEOUT) ->
     came from elsewhere, e.g. a preemption's grace time, which looks the same). At that moment the job shows
     COMPLETING whatever the cause, so the cause is read from its Reason and run time. Asked again for up to
     `budget` s while the controller does not answer or does not yet show the end."""
-    env = os.environ if environ is None else environ
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if not job_id:
+    job = job_id(environ)
+    if not job:
         return None
     deadline = time.monotonic() + budget
     while True:       # the controller may be slow to answer, or not yet show the end, while it signals
-        out = _scontrol("show", "job", "-o", job_id, timeout=max(0.5, deadline - time.monotonic()))
-        fields = _fields(out.splitlines()[0]) if out else {}
+        fields = _job_fields(job, timeout=max(0.5, deadline - time.monotonic()))
         state, reason = fields.get("JobState", ""), fields.get("Reason", "")
         if state in ENDING_STATES:
             break
@@ -235,14 +244,14 @@ def job_ending(environ: "dict | None" = None, budget: float = ENDING_TIMEOUT) ->
     limit, run_time = _seconds(fields.get("TimeLimit", "")), _seconds(fields.get("RunTime", ""))
     if state == "TIMEOUT" or reason == "TimeLimit" or (limit is not None and run_time is not None
                                                         and run_time >= limit):
-        return f"the Slurm job {job_id} reached its time limit ({fields.get('TimeLimit', '?')})"
+        return f"the Slurm job {job} reached its time limit ({fields.get('TimeLimit', '?')})"
     if state == "PREEMPTED" or reason.startswith("Preempt"):
-        return f"the Slurm job {job_id} was preempted"
+        return f"the Slurm job {job} was preempted"
     if state == "NODE_FAIL" or reason in ("NodeDown", "NodeFail"):
-        return f"a node of the Slurm job {job_id} failed"
+        return f"a node of the Slurm job {job} failed"
     if state == "DEADLINE":
-        return f"the Slurm job {job_id} reached its deadline"
-    return f"the Slurm job {job_id} was cancelled (scancel; a preemption that cancels looks the same)"
+        return f"the Slurm job {job} reached its deadline"
+    return f"the Slurm job {job} was cancelled (scancel; a preemption that cancels looks the same)"
 
 
 def _seconds(text: str) -> "int | None":

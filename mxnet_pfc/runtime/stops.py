@@ -237,7 +237,7 @@ def explain_signal(signum: int) -> str:
     if ending is not None:
         return (f"stopping: {ending}; Slurm sent {name} to every task; submit the job again with "
                 f"--resume latest to continue from the last checkpoint")
-    job = os.environ.get("SLURM_JOB_ID")
+    job = slurm.job_id()
     if job:         # inside a Slurm job that did not show as ending in time: say it may be Slurm's doing
         return (f"stopping: interrupted ({name}: Ctrl-C, a stop request, or Slurm ending job {job}, which its "
                 f"controller did not confirm in {slurm.ENDING_TIMEOUT:g} s); continue with --resume latest "

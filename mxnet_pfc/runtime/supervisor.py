@@ -276,7 +276,7 @@ class Supervisor:
         self.launch_id: "str | None" = None      # of the job watched now (None: a run started by hand)
         self.restarts = 0
         self.interrupted: "int | None" = None
-        self.slurm_ending: "str | None" = None      # why Slurm ended the job, when it did (slurm.job_ending)
+        self.slurm_ending: "str | None" = None      # why Slurm ended the job ('' : not Slurm); None: not asked
         os.makedirs(self.run_folder.elastic, exist_ok=True)
         os.makedirs(self.run_folder.logs, exist_ok=True)
 
@@ -416,7 +416,8 @@ class Supervisor:
             adopted = None
             if self.interrupted is not None:
                 left = " (not ours to stop: left running)" if isinstance(job, HeldOutput) else ""
-                ending = self.slurm_ending or slurm.job_ending()     # scancel, a time limit: say so
+                # scancel, a time limit: say so (asked here if the job had ended before watch() could ask)
+                ending = slurm.job_ending() if self.slurm_ending is None else self.slurm_ending
                 why = f"{ending}: " if ending else ""
                 self.event(np_, assigned,
                            f"{why}interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
@@ -457,7 +458,7 @@ class Supervisor:
         next_look = time.time() + self.args.discovery_interval
         while job.running():
             if self.interrupted is not None:
-                self.slurm_ending = slurm.job_ending()     # asked now: stopping the job may take --stop-grace s
+                self.slurm_ending = slurm.job_ending() or ""     # asked now: stopping may take --stop-grace s
                 return job.stop(self.interrupted, grace=self.args.stop_grace)
             if not asked and time.time() >= next_look:
                 next_look = time.time() + self.args.discovery_interval
