@@ -1,7 +1,7 @@
 """python -m mxnet_pfc.embed MODEL ...: face embeddings from a trained model.
 
-  embed MODEL IMAGE|FOLDER ... [--out emb.npy]   embeddings (.npy, one row per image,
-                                                 paths in emb.txt)
+  embed MODEL IMAGE|FOLDER ... [--out emb.npy]   embeddings (emb.npy, one row per image,
+                                                 and emb.txt, its paths; --force to replace)
   embed MODEL --pair A B [--threshold T]         cosine similarity, same or different
   embed MODEL --gallery DIR --probe IMAGE [-k 5] nearest identities (DIR: one
                                                  sub-folder of images per identity)
@@ -28,6 +28,7 @@ from mxnet_pfc.eval.verification import embed_pairs
 from mxnet_pfc.models.inference import Embedder, load_model, positive_int
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
+from mxnet_pfc.runtime.files import atomic_path
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
 
 
@@ -72,6 +73,18 @@ def embed_files(embedder: Embedder, paths: "list[str]", resize: bool, chunk: int
     return np.concatenate(out)
 
 
+def output_files(out: str, force: bool) -> "tuple[str, str]":
+    """(NAME.npy, NAME.txt) of `--out NAME[.npy]`: the embeddings and their image paths. A file of either name
+    that exists is refused, naming it, unless `force`: the .txt is a name the user never typed."""
+    embeddings = out if out.endswith(".npy") else out + ".npy"
+    listing = embeddings[:-len(".npy")] + ".txt"
+    for path in (embeddings, listing):
+        if not force and os.path.lexists(path):
+            raise EmbedError(f"{path} exists (--out {out} writes {embeddings} and {listing}): pass --force to "
+                             "replace both, or choose another --out")
+    return embeddings, listing
+
+
 def cosine_threshold(text: str) -> float:
     """argparse type of --threshold: a cosine similarity, a finite number in [-1, 1] (NaN would call every
     pair different)."""
@@ -103,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="exported prefix[,epoch], checkpoint folder or training output folder")
     parser.add_argument("images", nargs="*", help="images or folders to embed")
-    parser.add_argument("--out", default="embeddings.npy", help="where the embeddings go (default %(default)s)")
+    parser.add_argument("--out", default="embeddings.npy", metavar="NAME.npy",
+                        help="the embeddings go to NAME.npy (one row per image) and the image paths, one a line "
+                             "in the same order, to NAME.txt; neither may exist yet unless --force "
+                             "(default %(default)s)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace NAME.npy and NAME.txt of --out when they exist (default: refuse, naming them)")
     parser.add_argument("--pair", nargs=2, metavar=("A", "B"), help="compare two faces")
     parser.add_argument("--threshold", type=cosine_threshold, default=None,
                         help="cosine similarity above which a pair is the same person (default: the cosine "
@@ -127,6 +145,7 @@ def run(args) -> None:
         raise EmbedError("give images to embed, or --pair A B, or --gallery DIR --probe IMAGE (one of them)")
     if args.gallery and not args.probe or args.probe and not args.gallery:
         raise EmbedError("--gallery and --probe go together")
+    outputs = output_files(args.out, args.force) if args.images else None     # refused before any work
     threshold = args.threshold
     if args.pair and threshold is None:
         threshold = default_threshold(args.model)
@@ -155,11 +174,12 @@ def run(args) -> None:
     else:
         paths = image_paths(args.images)
         embeddings = embed_files(embedder, paths, args.resize)
-        np.save(args.out, embeddings)
-        listing = os.path.splitext(args.out)[0] + ".txt"
-        with open(listing, "w") as f:
+        npy, listing = outputs
+        with atomic_path(npy) as tmp, open(tmp, "wb") as f:
+            np.save(f, embeddings)
+        with atomic_path(listing) as tmp, open(tmp, "w") as f:
             f.write("\n".join(paths) + "\n")
-        print(f"{len(paths)} embeddings of size {embeddings.shape[1]} -> {args.out} (paths in {listing})")
+        print(f"{len(paths)} embeddings of size {embeddings.shape[1]} -> {npy} (paths in {listing})")
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,11 @@ raw RGB pixels 0..255, N x 3 x 112 x 112 (the symbol normalises them); output:
 the N x D embedding (L2-normalise it before comparing faces).
 
 MODEL is a training checkpoint folder (its rank-averaged backbone), a training
-output folder (its latest checkpoint), or an MXNet prefix. --onnx also writes
+output folder (its latest checkpoint), or an MXNet prefix. Without --prefix, a
+training output folder and its latest checkpoint are written as OUTPUT/model,
+where the training writes its model, and any other checkpoint beside its own
+folder, under its name (CHECKPOINT-symbol.json + CHECKPOINT-0000.params): an
+earlier checkpoint never replaces the run's model. --onnx also writes
 PREFIX.onnx with a free batch dimension; --check then checks it as evaluation
 servers check a submitted model (see mxnet_pfc/models/onnx_check.py), prints one line
 per check, writes PREFIX-onnx-check.json and exits 1 if a check fails.
@@ -33,11 +37,16 @@ log = logging.getLogger("mxnet_pfc.export")
 
 
 def default_prefix(model: str) -> str:
-    """OUTPUT/model for a training output folder or one of its checkpoints (where training exports)."""
+    """Where MODEL is exported without --prefix: OUTPUT/model for a training output folder or its latest
+    checkpoint (where the training exports its model); beside any other checkpoint folder, under its name
+    (it is not the run's model, and a checkpoint outside a run has no OUTPUT/model)."""
     folder = os.path.abspath(model)
-    run = RunFolder.holding(folder) if checkpoint.is_checkpoint(folder) else None
-    if run is not None:
-        return run.model
+    if checkpoint.is_checkpoint(folder):
+        run = RunFolder.holding(folder)
+        newest = checkpoint.latest(run.checkpoints) if run is not None else None
+        if newest is not None and os.path.realpath(newest.path) == os.path.realpath(folder):
+            return run.model
+        return folder
     if os.path.isdir(folder):
         return RunFolder(folder).model
     raise ModelError(f"{model} is a prefix: name the exported one with --prefix")
@@ -104,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="checkpoint folder, training output folder, or MXNet prefix[,epoch]")
     parser.add_argument("--prefix", default="",
-                        help="output prefix (default: OUTPUT/model for a training output or checkpoint folder)")
+                        help="output prefix (default: OUTPUT/model for a training output folder or its latest "
+                             "checkpoint; for an earlier checkpoint (or one outside a run) CHECKPOINT, beside it: "
+                             "CHECKPOINT-symbol.json + CHECKPOINT-0000.params, so that it never replaces the run's "
+                             "model)")
     parser.add_argument("--onnx", action="store_true", help="also write PREFIX.onnx (default: off)")
     parser.add_argument("--opset", type=int, choices=ONNX_OPSETS, default=ONNX_OPSETS[-1],
                         help="ONNX opset of PREFIX.onnx, written with IR version 7, which evaluation servers' "
@@ -120,8 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     symbol, arg_params, aux_params, source = load_model(args.model)
     prefix = args.prefix or default_prefix(args.model)
-    if os.path.abspath(prefix) == os.path.abspath(split_prefix(args.model)[0]):
+    if not os.path.isdir(args.model) and os.path.abspath(prefix) == os.path.abspath(split_prefix(args.model)[0]):
         raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
+    if checkpoint.is_checkpoint(os.path.dirname(os.path.abspath(prefix))):
+        raise ModelError(f"--prefix {prefix} is inside a checkpoint's folder, whose files it could replace and "
+                         "which is removed when newer checkpoints are kept; choose another")
     verification, why = verification_of(args.model, prefix, arg_params, aux_params)
     why += clear_verification(verification, prefix)
     files = export_model(prefix, symbol, arg_params, aux_params)

@@ -7,11 +7,12 @@ models, another project's graph) must do the same; its embedding is the graph's
 only output, or the internal output named by `output` (InsightFace's
 `fc1_output`), and its width is the graph's own.
 """
-import json
 import os
 from functools import partial
 
 import mxnet as mx
+
+from mxnet_pfc.runtime.symbol_file import load_symbol
 
 from . import iresnet, mobilefacenet
 
@@ -63,13 +64,7 @@ def load_symbol_file(path, output=""):
     Raises ValueError naming the file and what is wrong with it."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: no such symbol file")
-    try:
-        with open(path) as f:
-            json.load(f)
-        symbol = mx.sym.load(path)
-    except (OSError, ValueError, mx.base.MXNetError) as error:
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        raise ValueError(f"{path}: not an MXNet symbol file ({reason})") from None
+    symbol = load_symbol(path)      # checked before MXNet parses it: no operator that no file may use
     symbol = embedding_of(symbol, output, path)
     arguments = symbol.list_arguments()
     if "data" not in arguments:

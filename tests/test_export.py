@@ -291,9 +291,10 @@ def test_an_export_elsewhere_carries_the_verification_only_for_the_parameters_it
 
 
 def test_an_earlier_checkpoint_exported_over_the_runs_model_leaves_no_threshold_of_another(trained, tmp_path):
-    """An earlier checkpoint exported to its default prefix (OUTPUT/model) replaces the model the training
-    verified: the final figures left beside it would give embed --pair the threshold of other parameters.
-    They are removed, and the log says so; the final checkpoint exported there again keeps them."""
+    """An earlier checkpoint exported over OUTPUT/model (--prefix: without it, it goes beside its folder)
+    replaces the model the training verified: the final figures left beside it would give embed --pair the
+    threshold of other parameters. They are removed, and the log says so; the final checkpoint exported there
+    again keeps them."""
     _, shared = trained
     run = tmp_path / "run"
     shutil.copytree(shared, run)            # the fixture's run stays as it is for the other tests
@@ -308,7 +309,8 @@ def test_an_earlier_checkpoint_exported_over_the_runs_model_leaves_no_threshold_
     again = run_command([sys.executable, "-m", "mxnet_pfc.export", backup, "--prefix", run / "model"], timeout=120)
     assert again.returncode == 0 and (run / "model-verification.json").exists(), again.stdout[-3000:]
     assert "they measured these parameters" in again.stdout
-    earlier = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 3)], timeout=120)
+    earlier = run_command([sys.executable, "-m", "mxnet_pfc.export", ckpt(run / "checkpoints", 3), "--prefix",
+                           run / "model"], timeout=120)
     assert earlier.returncode == 0, earlier.stdout[-3000:]
     assert not (run / "model-verification.json").exists()
     assert f"{run / 'model-verification.json'} removed: it measured the parameters this export replaced" in (

@@ -53,8 +53,9 @@ def via_iterator(tmp_path, payload, ext, resize=False):
 
 
 def via_verification(tmp_path, payload, ext, resize=False):
-    with open(tmp_path / "pairs.bin", "wb") as f:
-        pickle.dump(([encode(red(), ".png"), payload], [True]), f)
+    with open(tmp_path / "pairs.bin", "wb") as f:       # 10 pairs, same and different: a set that can be evaluated
+        pickle.dump(([encode(red(), ".png"), payload] + [encode(red(), ".png") for _ in range(18)],
+                     [True] + [False] * 9), f)
     images, _ = load_bin(str(tmp_path / "pairs.bin"))
     return images[1].transpose(1, 2, 0)
 

@@ -35,11 +35,11 @@ def damage(path, how: str) -> None:
     open(path, "wb").write(damaged)
 
 
-# (command, damaged file of the model, how, what MXNet says of it)
-MODEL_CASES = [("verify", "-0000.params", "garbage", "Invalid NDArray file format"),
-               ("export", "-0000.params", "truncated", "Invalid NDArray file format"),
-               ("embed", "-symbol.json", "truncated", "Error at Line"),
-               ("verify", "-symbol.json", "empty", "Error at Line")]
+# (command, damaged file of the model, how, what MXNet (or, for the graph, symbol_file) says of it)
+MODEL_CASES = [("verify", "-0000.params", "garbage", "it does not start as an MXNet array file does (0x112, found"),
+               ("export", "-0000.params", "truncated", " are left"),   # array_file: cut
+               ("embed", "-symbol.json", "truncated", "not an MXNet symbol file: not JSON (Expecting"),
+               ("verify", "-symbol.json", "empty", "not an MXNet symbol file: not JSON (Expecting value")]
 
 
 @pytest.mark.parametrize("cmd, suffix, how, reason", MODEL_CASES)
@@ -68,14 +68,13 @@ def test_a_damaged_checkpoint_is_named_by_verify_and_by_a_resume(reference, tmp_
     one = folders[0].parent
     proc = command("verify", one, data / "val.bin")
     assert proc.returncode == 1
-    assert f"{one}/model-average-0000.params: cannot load: Check failed: fi->Read(data): Invalid NDArray file " \
-           "format" in proc.stderr, proc.stderr[-3000:]
+    assert f"{one}/model-average-0000.params: cannot load: " in proc.stderr, proc.stderr[-3000:]
+    assert " are left" in proc.stderr, proc.stderr[-3000:]       # array_file's word for a file cut short
     proc = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--max_update", 40,
                                                      "--resume", "latest")), timeout=240)
     assert proc.returncode == 1, proc.stdout[-4000:]
     line = rank_stop_line(proc.stdout, 0)
-    assert "model-0000.params: cannot load: Check failed: fi->Read(data): Invalid NDArray file format" in line, \
-        proc.stdout[-4000:]
+    assert "model-0000.params: cannot load: " in line and " are left" in line, proc.stdout[-4000:]
     assert "Traceback" not in proc.stdout, proc.stdout[-4000:]
     assert horovodrun_ending(proc.stdout).startswith("horovodrun: rank "), proc.stdout[-4000:]
 

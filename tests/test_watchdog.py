@@ -196,22 +196,18 @@ def test_a_long_but_live_verification_never_trips_the_watchdog(data, tmp_path):
 
 
 def test_a_fifo_as_a_verification_set_stops_the_job(data, tmp_path):
-    """Rank 0 blocks opening a FIFO given as --val_targets (no writer ever comes) while rank 1 waits for it
-    in the agreement after setup: the job ends, naming rank 0 and where it was stuck."""
+    """A FIFO given as --val_targets (no writer ever comes) once blocked rank 0 until the watchdog ended the
+    job; the .bin loader now opens only regular files: every rank names it at setup, with no stall."""
     output, fifo = tmp_path / "run", tmp_path / "val.bin"
     os.mkfifo(fifo)
-    started = time.time()
     proc = start_command(config_sh(*tiny_synthetic_run(data, output, "--val_targets", fifo,
                                                        "--stall_timeout", STALL_TIMEOUT)))
     out = finish_command(proc, timeout=300)
     assert proc.returncode != 0, out[-4000:]
-    assert time.time() - started < STALL_TIMEOUT + 120
     for rank in (0, 1):
         lines = stop_lines(out, rank)
-        assert lines and "rank 0 made no progress for" in lines[0] and "outside any collective" in lines[0], \
-            out[-4000:]
-    assert "rank 1 waited for it in collective 'agree: setup'" in stop_lines(out, 1)[0]
-    assert (output / "logs" / "stacks-rank0.txt").exists()
+        assert lines and f"{fifo} is not a regular file (a FIFO)" in lines[0], out[-4000:]
+    assert "made no progress" not in out
 
 
 def test_stall_records_are_no_error_of_the_runs_own(tmp_path, monkeypatch):

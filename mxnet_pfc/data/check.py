@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from mxnet_pfc.data.faces import FACE_SIZE, ImageError, printable, read_file
+from mxnet_pfc.data.faces import FACE_SIZE, ImageError, read_file
 from mxnet_pfc.data.folders import list_identities
 from mxnet_pfc.data.iterators import count_classes
 from mxnet_pfc.data.records import (
@@ -37,6 +37,7 @@ from mxnet_pfc.data.records import (
     read_record,
 )
 from mxnet_pfc.runtime.errors import exit_status
+from mxnet_pfc.runtime.files import printable
 
 
 def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]", threads: int = 4,

@@ -3,8 +3,9 @@
 The training iterator (and the check command) decode RecordIO payloads, the
 verification loader decodes the images of a .bin pair set, the packing tool
 decodes its input files and the embed command the files it is given. All of
-them call `decode_face` (pack calls its two halves), so a face is decoded,
-coloured, sized and refused the same way everywhere.
+them call `decode_face` (pack with --resize calls its two halves; the IJB
+reader calls decode_image, for a loose crop), so a face is decoded, coloured,
+sized and refused the same way everywhere.
 
 What comes out: RGB uint8 pixels (H, W, 3), C-contiguous, 0..255 -- the
 order the networks take (the callers only transpose to (3, H, W) and, for
@@ -17,6 +18,15 @@ resizes (bilinear), as InsightFace's loader does. JPEGs are decoded strictly
 decodes the published pair sets as OpenCV always has (libjpeg's warnings
 ignored), so that a harmless warning in a set users already have cannot stop
 a run.
+
+Nothing is decoded on the strength of what a file claims: the width and height
+are read from the header first (image_dimensions: JPEG's frame header, PNG's
+IHDR, BMP's info header; other formats are refused), and an image larger than
+the caller's bound is refused before a pixel is decoded. A 900 KB PNG can
+claim 30,000 x 30,000 pixels (2.7 GB decoded). The bounds: MAX_FACE_PIXELS
+(4096 x 4096, 50 MB decoded) for a face, MAX_FRAME_PIXELS (8192 x 8192) for
+an IJB image, a loose crop from which the face is cut; a caller that takes
+no resize refuses every other size than its own from the header alone.
 
 A problem raises ImageError (DamagedJPEG and WrongSize are kinds of it) whose
 message starts with the source the caller named: a file path,
@@ -31,16 +41,20 @@ from __future__ import annotations
 
 import os
 import re
-import stat
+import struct
 
 import cv2
 import numpy as np
 import simplejpeg
 
 from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.files import read_regular_file
 
 FACE_SIZE = 112       # side of an aligned face crop, in pixels, unless configured otherwise
 MAX_IMAGE_BYTES = 64 << 20     # no face image is near this: a larger file is refused unread
+MAX_FACE_PIXELS = 4096 * 4096  # a face image to decode (aligned crops are 112x112; larger ones are resized)
+MAX_FRAME_PIXELS = 8192 * 8192  # an IJB image: a loose crop around a face, aligned by its landmarks
+FORMATS = "JPEG, PNG or BMP"   # what image_dimensions reads (folders.IMAGE_SUFFIXES: .jpg .jpeg .png .bmp)
 
 
 class ImageError(PfcError, ValueError):
@@ -70,13 +84,85 @@ def decode_face(payload: bytes, source: str, size: "int | tuple[int, int]" = FAC
     """RGB uint8 (height, width, 3) pixels of an encoded face; ImageError naming `source` if it is not one.
 
     `size` is the side, or (height, width); an image of another size is resized
-    (with `interpolation`) when `resize`, else refused with WrongSize.
+    (with `interpolation`) when `resize`, else refused with WrongSize, from its
+    header, before it is decoded.
     """
-    return fit_size(decode_image(payload, source, strict), source, size, resize, interpolation)
+    height, width = (size, size) if isinstance(size, int) else size
+    found = checked_dimensions(payload, source, MAX_FACE_PIXELS)
+    if not resize and found not in ((width, height), (height, width)):   # turned by an EXIF tag: fit_size decides
+        raise WrongSize(wrong_size(source, found, (width, height)))
+    return fit_size(_decode(payload, source, strict), source, size, resize, interpolation)
 
 
-def decode_image(payload: bytes, source: str, strict: bool = True) -> np.ndarray:
-    """RGB uint8 (H, W, 3) pixels of an encoded image of any size; ImageError naming `source` if it is not one.
+def image_dimensions(payload: bytes, source: str) -> "tuple[int, int]":
+    """(width, height) as the header of a JPEG, PNG or BMP image states them, read without decoding;
+    ImageError naming `source` for any other content or a header that states no size."""
+    width = height = 0
+    if payload[:3] == b"\xff\xd8\xff":                          # the signatures cv2.imdecode goes by
+        width, height = _jpeg_dimensions(payload)
+    elif payload[:8] == b"\x89PNG\r\n\x1a\n":
+        if payload[12:16] == b"IHDR" and len(payload) >= 24:     # the first chunk, by the PNG standard
+            width, height = struct.unpack(">II", payload[16:24])
+    elif payload[:2] == b"BM":
+        header_size, = struct.unpack("<I", payload[14:18]) if len(payload) >= 26 else (0,)
+        if header_size == 12:                                     # OS/2 1.x: 16-bit sizes
+            width, height = struct.unpack("<HH", payload[18:22])
+        elif header_size >= 36:                                   # Windows: 32-bit, a negative height is top-down
+            width, height = (abs(v) for v in struct.unpack("<ii", payload[18:26]))
+    else:
+        raise ImageError(f"{source} does not decode as an image (not a {FORMATS} file)")
+    if width <= 0 or height <= 0:
+        raise ImageError(f"{source} does not decode as an image (its header states no width and height)")
+    return width, height
+
+
+def _jpeg_dimensions(payload: bytes) -> "tuple[int, int]":
+    """(width, height) of a JPEG's frame header (SOFn), found by walking the marker segments before it;
+    (0, 0) when there is none before the scan data or the data ends."""
+    at = 2
+    while at + 4 <= len(payload):
+        if payload[at] != 0xFF:                                   # stray bytes: libjpeg skips them too
+            at += 1
+            continue
+        marker = payload[at + 1]
+        if marker == 0xFF:                                        # fill byte
+            at += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):                  # markers without a segment
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):                                # end of image, start of scan: no frame header
+            return 0, 0
+        length, = struct.unpack(">H", payload[at + 2:at + 4])
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if at + 9 > len(payload):
+                return 0, 0
+            height, width = struct.unpack(">HH", payload[at + 5:at + 9])
+            return width, height
+        at += 2 + length
+    return 0, 0
+
+
+def checked_dimensions(payload: bytes, source: str, max_pixels: int) -> "tuple[int, int]":
+    """(width, height) from the header, when the image has at most `max_pixels`; else ImageError naming
+    `source` and its size, before anything is decoded."""
+    width, height = image_dimensions(payload, source)
+    if width * height > max_pixels:
+        side = int(max_pixels ** 0.5)
+        raise ImageError(f"{source} is {width}x{height} pixels, more than an image read here may have "
+                         f"({max_pixels:,}, {side}x{side}): not decoded (it would take "
+                         f"{width * height * 3 / 1e9:.1f} GB)")
+    return width, height
+
+
+def wrong_size(source: str, found: "tuple[int, int]", expected: "tuple[int, int]") -> str:
+    """The message of WrongSize: `found` and `expected` are (width, height)."""
+    return f"{source} is {found[0]}x{found[1]}, expected {expected[0]}x{expected[1]} (an aligned face)"
+
+
+def decode_image(payload: bytes, source: str, strict: bool = True, max_pixels: int = MAX_FACE_PIXELS) -> np.ndarray:
+    """RGB uint8 (H, W, 3) pixels of an encoded image of at most `max_pixels` (its header says how many,
+    checked first); ImageError naming `source` if it is not one.
 
     JPEGs are decoded strictly: libjpeg's warnings (`Corrupt JPEG data: ...`,
     `Premature end of JPEG file`), which cv2.imdecode prints on stderr while it
@@ -87,6 +173,12 @@ def decode_image(payload: bytes, source: str, strict: bool = True) -> np.ndarray
     whose BGR is swapped in place. strict=False decodes JPEGs as cv2.imdecode
     does, warnings ignored.
     """
+    checked_dimensions(payload, source, max_pixels)
+    return _decode(payload, source, strict)
+
+
+def _decode(payload: bytes, source: str, strict: bool) -> np.ndarray:
+    """decode_image's decoding, once the header's size was checked."""
     if strict and payload[:2] == b"\xff\xd8":
         try:
             image = simplejpeg.decode_jpeg(payload, colorspace="RGB", strict=True)
@@ -110,14 +202,8 @@ def fit_size(image: np.ndarray, source: str, size: "int | tuple[int, int]" = FAC
     if image.shape[:2] == (height, width):
         return image
     if not resize:
-        raise WrongSize(f"{source} is {image.shape[1]}x{image.shape[0]}, expected {width}x{height} (an aligned face)")
+        raise WrongSize(wrong_size(source, (image.shape[1], image.shape[0]), (width, height)))
     return cv2.resize(image, (width, height), interpolation=interpolation)
-
-
-def printable(path: str) -> str:
-    """`path` for a message: bytes of a name that is not UTF-8 shown as \\xNN (printing the
-    surrogates Python decodes them to would fail on a UTF-8 stream)."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def inside(real_root: str, path: str) -> bool:
@@ -126,47 +212,7 @@ def inside(real_root: str, path: str) -> bool:
 
 
 def read_file(path: str, limit: int = MAX_IMAGE_BYTES, within: "str | None" = None) -> bytes:
-    """A regular file's bytes; ImageError naming it when it cannot be read, is not a regular file,
-    is larger than `limit`, or (with `within`, a resolved folder) is not a file under `within`.
-
-    A folder of images may hold anything: a FIFO named *.jpg would block open() and read()
-    forever, and /dev/zero (or a symlink to it) would be read until memory runs out. So the
-    file is opened non-blocking, checked to be a regular file (before and after opening:
-    it may be swapped between the two) and read to at most `limit` + 1 bytes.
-    """
-    shown = printable(path)
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ImageError(f"{shown} is not a regular file ({file_kind(path)}): only image files are read")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ImageError(f"{shown} is not a regular file ({file_kind(path)}): only image files are read")
-            opened = os.readlink(f"/proc/self/fd/{fd}") if within and os.path.isdir("/proc/self/fd") else None
-            if opened is not None and not inside(within, opened):
-                # checked on the file opened: a symlink swapped in after the caller's check leads nowhere else
-                raise ImageError(f"{shown} leads to {printable(opened)}, outside {printable(within)}: only files "
-                                 "under the image folder are read")
-            if st.st_size > limit:
-                raise ImageError(f"{shown} is {st.st_size:,} bytes, more than any face image "
-                                 f"(the limit is {limit:,} bytes)")
-            data = f.read(limit + 1)
-    except OSError as error:
-        raise ImageError(f"{shown} cannot be read: {error.strerror or error}") from None
-    if len(data) > limit:
-        raise ImageError(f"{shown} grew past {limit:,} bytes while it was read (the limit of a face image)")
-    return data
-
-
-def file_kind(path: str) -> str:
-    """What a path that is not a regular file is, in words (for messages)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as error:
-        return error.strerror or str(error)
-    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "not a regular file"
+    """An image file's bytes; ImageError naming it when it cannot be read, is not a regular file (a FIFO
+    named *.jpg, /dev/zero), is larger than `limit`, or (with `within`, a resolved folder) is not a file
+    under `within` (runtime/files.opened_regular says how)."""
+    return read_regular_file(path, limit, "an image", ImageError, within)

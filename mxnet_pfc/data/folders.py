@@ -33,15 +33,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mxnet_pfc.data.faces import ImageError, file_kind, inside, printable, read_file
+from mxnet_pfc.data.faces import ImageError, inside, read_file
 from mxnet_pfc.data.records import DataError
-from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.runtime.errors import quoted
+from mxnet_pfc.runtime.files import file_kind, opened_regular, printable, write_json
 from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 INDEX_VERSION = 1
+MAX_INDEX_BYTES = 64 << 30     # the listing of 42M images is a few GB of JSON
 
 
 @dataclass(frozen=True)
@@ -186,12 +188,12 @@ def index_problem(saved: dict, folders: "set[str]") -> str:
         return "'identities' and 'files' are not two lists of one length"
     for k, (name, images) in enumerate(zip(names, files)):
         if not plain_name(name) or name not in folders:
-            return f"identities[{k}] = {name!r} is not a folder under ROOT"
+            return f"identities[{k}] = {quoted(name)} is not a folder under ROOT"
         if not isinstance(images, list) or not images:
             return f"files[{k}] is not a list of image names"
         for image in images:
             if not plain_name(image) or not image.lower().endswith(IMAGE_SUFFIXES):
-                return f"files[{k}] holds {image!r}, not an image name in {name!r}"
+                return f"files[{k}] holds {quoted(image)}, not an image name in {quoted(name)}"
     if names != sorted(set(names)):
         return "'identities' are not sorted and unique"
     return ""
@@ -206,9 +208,10 @@ def load_index(root: str, output: str, write: bool) -> FolderIndex:
     current = fingerprint(folders)
     saved = None
     if os.path.exists(path):
-        try:
-            saved = json.load(open(path))
-        except (OSError, ValueError):
+        try:      # a cache: anything unreadable (a FIFO, a file nested too deeply) is rebuilt
+            with opened_regular(path, MAX_INDEX_BYTES, "an images index", DataError) as (f, _):
+                saved = json.load(f)
+        except (OSError, ValueError, RecursionError):
             saved = None
     if isinstance(saved, dict) and saved.get("version") == INDEX_VERSION and saved.get("root") == root \
             and saved.get("fingerprint") == current and saved.get("suffixes") == list(IMAGE_SUFFIXES):

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import cv2
 from tqdm import tqdm
 
-from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_image, fit_size, read_file
+from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_face, decode_image, fit_size, read_file
 from mxnet_pfc.data.folders import list_identities
 from mxnet_pfc.data.records import DataError, RecordWriter
 from mxnet_pfc.runtime.errors import PfcError, exit_status
@@ -86,13 +86,17 @@ def remove_leftovers(folder: str) -> None:
 def load_image(path: str, size: int, resize: bool) -> bytes:
     """The bytes to store: the file itself when it is a sound size x size image, else a resized JPEG.
 
-    Decoded by faces.decode_image, strictly as training will: a damaged JPEG is refused here.
+    Decoded by faces, strictly as training will: a damaged JPEG is refused here, and so is an image of
+    another size (without --resize) or above faces.MAX_FACE_PIXELS, from its header, before decoding.
     """
     try:
         raw = read_file(path)
+        if not resize:
+            decode_face(raw, path, size)
+            return raw                   # stored as it is: no re-encoding
         image = decode_image(raw, path)
         if image.shape[:2] == (size, size):
-            return raw                   # stored as it is: no re-encoding
+            return raw
         face = fit_size(image, path, size, resize)
     except WrongSize as error:
         raise DataError(f"{error}, or pass --resize") from None
@@ -102,11 +106,13 @@ def load_image(path: str, size: int, resize: bool) -> bytes:
     return encoded.tobytes()
 
 
-def pack(root: str, output: str, size: int = FACE_SIZE, resize: bool = False, threads: int = 4) -> "tuple[int, int]":
+def pack(root: str, output: str, size: int = FACE_SIZE, resize: bool = False, threads: int = 4,
+         finishing=contextlib.nullcontext) -> "tuple[int, int]":
     """Write OUT/train.rec etc.; returns (images, identities).
 
     Everything is checked that can be before a byte is written; the files are written under
-    temporary names, renamed when all are complete, and removed if the pack fails or is stopped.
+    temporary names, renamed when all are complete (inside the context `finishing()`), and removed
+    if the pack fails or is stopped.
     """
     identities = list_identities(root)
     for name, _ in identities:
@@ -121,15 +127,18 @@ def pack(root: str, output: str, size: int = FACE_SIZE, resize: bool = False, th
     os.makedirs(output, exist_ok=True)
     with hold_folder(output):
         remove_leftovers(output)
-        writer = RecordWriter(output, len(jobs), len(identities))
+        writer = None
         pool = ThreadPoolExecutor(max_workers=threads)
         try:
+            writer = RecordWriter(output, len(jobs), len(identities))
             encoded = pool.map(lambda job: load_image(job[1], size, resize), jobs)
             for (class_id, _), payload in tqdm(zip(jobs, encoded), total=len(jobs), desc="pack", unit="img"):
                 writer.add(class_id, payload)
-            writer.close((size, size), {"identities.txt": names})
+            with finishing():
+                writer.close((size, size), {"identities.txt": names})
         except BaseException:
-            writer.abort()
+            if writer is not None:
+                writer.abort()
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -149,9 +158,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(args) -> None:
+class StopOnce:
+    """The SIGINT (Ctrl-C) and SIGTERM (kill) handler of the command: the first signal raises KeyboardInterrupt,
+    on which the pack removes its files, releases its folder and says so in one line; later ones are ignored,
+    so that this clean-up is not cut short (a second signal during it left 0-byte .tmp files and a traceback
+    from inside tqdm). A signal while the finished files are renamed into place (`finishing`, milliseconds)
+    stops nothing: the pack completes and says so."""
+
+    def __init__(self):
+        self.stopping = self.in_finish = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.stopping or self.in_finish:
+            self.stopping = True
+            return
+        self.stopping = True
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def finishing(self):
+        self.in_finish = True
+        try:
+            yield
+        finally:
+            self.in_finish = False
+
+
+def run(args, stop: "StopOnce | None" = None) -> None:
+    finishing = stop.finishing if stop else contextlib.nullcontext
     try:
-        images, identities = pack(args.faces, args.output, args.size, args.resize, args.threads)
+        images, identities = pack(args.faces, args.output, args.size, args.resize, args.threads, finishing)
     except OSError as error:        # the file system's own complaint (a full disk, no permission ...), named
         raise DataError(f"{error.filename or args.output}: {error.strerror or error}") from None
     print(f"wrote {args.output}/train.rec, train.idx, property, identities.txt: "
@@ -161,9 +197,11 @@ def run(args) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="pack: %(message)s", level=logging.INFO)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)      # `kill` cleans up as Ctrl-C does
+    stop = StopOnce()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)      # `kill` cleans up as Ctrl-C does
     try:
-        return exit_status("pack", run, args)
+        return exit_status("pack", run, args, stop)
     except KeyboardInterrupt:
         print(f"pack: interrupted; nothing was written to {args.output}", file=sys.stderr, flush=True)
         # Its files are removed and the folder released. The interrupt may have come while the image pool held

@@ -16,6 +16,7 @@ import numpy as np
 
 from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_face
 from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.files import read_regular_file
 
 # RecordIO labels are float32, which names every integer up to 2^24 exactly (not beyond): class ids 0 .. MAX_CLASSES - 1
 MAX_CLASSES = 2 ** (np.finfo(np.float32).nmant + 1)
@@ -37,7 +38,8 @@ def read_property(folder: str) -> "tuple[int, int, int]":
     """(num_classes, height, width) from the `property` file."""
     path = os.path.join(folder, "property")
     try:
-        fields = [int(v) for v in open(path).read().strip().split(",")]
+        text = read_regular_file(path, 4096, "a property file", DataError).decode("utf-8", "replace")
+        fields = [int(v) for v in text.strip().split(",")]
         num_classes, height, width = fields
     except (OSError, ValueError) as error:
         raise DataError(f"{path}: expected 'num_classes,112,112' ({error})") from None

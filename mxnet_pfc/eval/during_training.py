@@ -54,7 +54,7 @@ class TrainingEvaluation:
         began = time.time()
         found = self.verifier.evaluate(*params)
         for name, result in found.items():
-            if result.accuracy > best.get(name, {}).get("accuracy", -1.0):
+            if name not in best or result.accuracy > best[name]["accuracy"]:
                 best[name] = dict(accuracy=result.accuracy, step=step)
             log.info(f"step {step}: verification {name}: accuracy {result}; best {best[name]['accuracy']:.4f} "
                      f"at step {best[name]['step']} ({time.time() - began:.1f} s)")

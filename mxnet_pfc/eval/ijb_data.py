@@ -9,6 +9,11 @@ ROOT/loose_crop/<image name>               the images
 <target> is ijbc or ijbb (lower case, as published). Every problem is an
 IjbDataError naming the file and, for a bad line, its line number: a run
 over 470,000 images should stop before embedding, not after.
+
+The meta files come with the set, from others, so their image names are
+checked, not followed: a name is a relative path under ROOT/loose_crop (not
+absolute, no '..'), and only a regular file that resolves under that folder
+(symlinks followed) is read, of at most faces.MAX_FRAME_PIXELS pixels.
 """
 from __future__ import annotations
 
@@ -19,15 +24,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_image, read_file
+from mxnet_pfc.data.faces import FACE_SIZE, MAX_FRAME_PIXELS, ImageError, decode_image, inside, read_file
 from mxnet_pfc.eval.align import align, landmark_problem
-from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.errors import PfcError, quoted
+from mxnet_pfc.runtime.files import opened_regular
 
 GALLERIES = {"ijbc": ("G1", "G2"), "ijbb": ("S1", "S2")}
 
 
 class IjbDataError(PfcError, ValueError):
     """A missing or malformed IJB meta file or image; the message names file and line."""
+
+
+MAX_META_BYTES = 4 << 30      # IJB-C's largest list (15.7M template pairs) is ~0.4 GB
 
 
 def meta_path(root: str, target: str, suffix: str) -> str:
@@ -37,8 +46,8 @@ def meta_path(root: str, target: str, suffix: str) -> str:
 def _text(path: str) -> str:
     """The file's text; a file that is not UTF-8 text (a binary file, an image) named, with the offending byte."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        with opened_regular(path, MAX_META_BYTES, "an IJB meta file", IjbDataError) as (f, size):
+            raw = f.read(size + 1)          # a FIFO or /dev/zero in meta/ is refused, not read forever
     except OSError as error:
         raise IjbDataError(f"{path}: cannot be read: {error.strerror or error}") from None
     try:
@@ -63,7 +72,7 @@ def _numbers(path: str, number: int, fields: "list[str]", kind, count: int, what
     try:
         return [kind(f) for f in fields]
     except ValueError:
-        raise IjbDataError(f"{path}:{number}: expected {what}, got {' '.join(fields)!r}") from None
+        raise IjbDataError(f"{path}:{number}: expected {what}, got {quoted(' '.join(fields))}") from None
 
 
 @dataclass
@@ -86,6 +95,9 @@ def read_faces(root: str, target: str) -> Faces:
             raise IjbDataError(f"{tid_path}:{number}: expected 3 fields (image, template id, media id), "
                                f"got {len(fields)}")
         template, media = _numbers(tid_path, number, fields[1:], int, 2, "integer template and media ids")
+        if os.path.isabs(fields[0]) or ".." in fields[0].split("/"):
+            raise IjbDataError(f"{tid_path}:{number}: image name {fields[0]!r} leads out of "
+                               f"{os.path.join(root, 'loose_crop')}: image names are paths under it")
         names.append(fields[0])
         templates.append(template)
         medias.append(media)
@@ -116,14 +128,20 @@ def read_faces(root: str, target: str) -> Faces:
 
 
 def _check_images_exist(folder: str, names: "list[str]", where: "list[str]") -> None:
-    """Every listed image is a file, checked before any is embedded (one listing of the folder)."""
+    """Every listed image is a file under the folder, checked before any is embedded (one listing of the
+    folder; a symlink is resolved, and one that leads out of the folder is named)."""
     try:
-        present = set(os.listdir(folder))
+        present = {entry.name: entry.is_symlink() for entry in os.scandir(folder)}
     except OSError as error:
         raise IjbDataError(f"{folder}: the images' folder cannot be read ({error.strerror})") from None
+    real_folder = os.path.realpath(folder)
     for name, listed in zip(names, where):
-        if name not in present and not os.path.isfile(os.path.join(folder, name)):     # names may hold a sub-folder
-            raise IjbDataError(f"{os.path.join(folder, name)} (listed at {listed}): no such file")
+        path = os.path.join(folder, name)
+        if present.get(name, True) and not inside(real_folder, path):     # names may hold a sub-folder
+            raise IjbDataError(f"{path} (listed at {listed}) leads to {os.path.realpath(path)}, outside {folder}: "
+                               "only images under it are read")
+        if name not in present and not os.path.isfile(path):
+            raise IjbDataError(f"{path} (listed at {listed}): no such file")
 
 
 def read_pairs(root: str, target: str, known_templates) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
@@ -157,7 +175,7 @@ def read_subjects(path: str, known_templates) -> "tuple[np.ndarray, np.ndarray]"
         raise IjbDataError(f"{path}: empty, expected a header with TEMPLATE_ID and SUBJECT_ID")
     header = [name.strip().upper() for name in rows[0]]
     if "TEMPLATE_ID" not in header or "SUBJECT_ID" not in header:
-        raise IjbDataError(f"{path}:1: the header {rows[0]} has no TEMPLATE_ID and SUBJECT_ID columns")
+        raise IjbDataError(f"{path}:1: the header {quoted(rows[0])} has no TEMPLATE_ID and SUBJECT_ID columns")
     t_col, s_col = header.index("TEMPLATE_ID"), header.index("SUBJECT_ID")
     subject_of = {}
     for number, row in enumerate(rows[1:], 2):
@@ -169,7 +187,7 @@ def read_subjects(path: str, known_templates) -> "tuple[np.ndarray, np.ndarray]"
             template, subject = int(row[t_col]), int(row[s_col])
         except ValueError:
             raise IjbDataError(f"{path}:{number}: TEMPLATE_ID and SUBJECT_ID must be integers, got "
-                               f"{row[t_col]!r}, {row[s_col]!r}") from None
+                               f"{quoted(row[t_col])}, {quoted(row[s_col])}") from None
         if template not in known:
             raise IjbDataError(f"{path}:{number}: template {template} has no image in the face list")
         if subject_of.setdefault(template, subject) != subject:
@@ -206,10 +224,13 @@ def check_mates(one_to_n: dict, paths: "dict[str, str]") -> None:
 
 def aligned_face(root: str, faces: Faces, index: int, size: int = FACE_SIZE) -> np.ndarray:
     """RGB uint8 (size, size, 3) of image `index`, aligned by its five points."""
-    path = os.path.join(root, "loose_crop", faces.names[index])
+    folder = os.path.join(root, "loose_crop")
+    path = os.path.join(folder, faces.names[index])
     source = f"{path} (listed at {faces.where[index]})"
     try:
-        image = decode_image(read_file(path), source, strict=False)   # published JPEGs: decoded as OpenCV does
+        # published JPEGs: decoded as OpenCV does; a loose crop may be larger than a face (MAX_FRAME_PIXELS)
+        image = decode_image(read_file(path, within=os.path.realpath(folder)), source, strict=False,
+                             max_pixels=MAX_FRAME_PIXELS)
     except ImageError as error:
         message = str(error)
         if not message.startswith(source):     # read_file names the path only

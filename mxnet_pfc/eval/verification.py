@@ -12,139 +12,18 @@ norm of the raw embeddings) and TAR at FAR 1e-3 / 1e-4 over all pairs.
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
-import pickle
 import sys
 from dataclasses import dataclass
 
-import cv2
 import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_face
+from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.eval.bin_file import FOLDS, BinFormatError, load_bin  # noqa: F401 (BinFormatError: its old home)
 from mxnet_pfc.models.inference import Embedder
-from mxnet_pfc.runtime.errors import PfcError
-
-
-class BinFormatError(PfcError, ValueError):
-    """A .bin file that is not (list of encoded images, list of booleans)."""
-
-
-# The arrays a .bin may hold: encoded images (uint8) and pair labels (bool); never objects.
-_BIN_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
-
-
-def _bin_dtype(spec, align=False, copy=False) -> np.dtype:
-    """numpy.dtype as a pickle calls it, for the .bin's own types only."""
-    dtype = np.dtype(spec) if isinstance(spec, str) else None
-    if dtype not in _BIN_DTYPES:
-        raise BinFormatError(f"an array of type {spec!r}: a verification .bin holds uint8 images and booleans")
-    return np.dtype(spec, align=bool(align), copy=bool(copy))
-
-
-def _bin_array_from_buffer(buffer, dtype, shape, order="C") -> np.ndarray:
-    """numpy's _frombuffer (protocol 5 pickles of arrays), for bytes of the .bin's types only."""
-    if not (isinstance(buffer, (bytes, bytearray, memoryview, pickle.PickleBuffer)) and dtype in _BIN_DTYPES
-            and isinstance(shape, tuple) and all(isinstance(n, int) and n >= 0 for n in shape)):
-        raise BinFormatError("an array that is not bytes of a uint8 or boolean array")
-    array = np.frombuffer(bytes(buffer), dtype=dtype)
-    if array.size != int(np.prod(shape)):
-        raise BinFormatError(f"an array of {array.size} elements given the shape {shape}")
-    return array.reshape(shape, order="F" if order == "F" else "C")
-
-
-class _NDArrayName:
-    """What the name numpy.ndarray stands for in a .bin: only the class argument of _bin_empty_array (never
-    called: an ndarray built from a pickle's own arguments could be of any size and type)."""
-
-
-def _bin_empty_array(cls, shape, typecode) -> np.ndarray:
-    """numpy's _reconstruct (protocol 0-4 pickles of arrays): an empty ndarray whose state (shape, dtype from
-    _bin_dtype, raw bytes) the pickle then sets."""
-    if cls is not _NDArrayName:
-        raise BinFormatError(f"an array of class {getattr(cls, '__name__', cls)!r}")
-    return np.ndarray.__new__(np.ndarray, (0,), np.uint8)
-
-
-def _bin_scalar(dtype, raw) -> np.generic:
-    """numpy's scalar (a numpy boolean in the pair labels)."""
-    if dtype not in _BIN_DTYPES or not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
-        raise BinFormatError("a numpy scalar that is not a boolean or uint8")
-    return np.frombuffer(raw, dtype=dtype)[0]
-
-
-def _latin1_bytes(text, encoding="latin1") -> bytes:
-    """_codecs.encode as Python 3 pickles bytes in protocols 0-2: text encoded as latin-1, nothing else."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise BinFormatError(f"_codecs.encode with {type(text).__name__} and {encoding!r}")
-    return text.encode("latin1")
-
-
-class _DataOnlyUnpickler(pickle.Unpickler):
-    """What the field's .bin writers pickle, and nothing that runs code: lists, tuples, bytes, strings and
-    booleans need no global; numpy arrays of encoded images (cv2.imencode's, insightface's
-    build_eval_pack.py) and numpy booleans are rebuilt by the checked stand-ins above, under numpy 1's and
-    numpy 2's names; bytes of Python-3 protocol-2 pickles by _latin1_bytes. Any other global is refused."""
-    ALLOWED = {
-        **{(f"numpy.{core}.numeric", "_frombuffer"): _bin_array_from_buffer for core in ("core", "_core")},
-        **{(f"numpy.{core}.multiarray", "_reconstruct"): _bin_empty_array for core in ("core", "_core")},
-        **{(f"numpy.{core}.multiarray", "scalar"): _bin_scalar for core in ("core", "_core")},
-        ("numpy", "ndarray"): _NDArrayName,
-        ("numpy", "dtype"): _bin_dtype,
-        ("_codecs", "encode"): _latin1_bytes,
-    }
-
-    def find_class(self, module, name):
-        try:
-            return self.ALLOWED[(module, name)]
-        except KeyError:
-            raise BinFormatError(f"refusing to load {module}.{name}: a verification .bin holds only "
-                                 "a list of encoded images and a list of booleans") from None
-
-
-def _encoded_bytes(item) -> "bytes | None":
-    """An encoded image as bytes: bytes as pickled, or the 1-D uint8 array cv2.imencode returns."""
-    if isinstance(item, (bytes, bytearray)):
-        return bytes(item)
-    if isinstance(item, np.ndarray) and item.dtype == np.uint8 and item.ndim in (1, 2) and item.size:
-        return item.tobytes()
-    return None
-
-
-def load_bin(path: str, image_size: int = FACE_SIZE) -> "tuple[np.ndarray, np.ndarray]":
-    """(images float32 (2P, 3, H, W) RGB 0..255, issame bool (P,)) from a .bin pair set.
-
-    Images are decoded by data.faces.decode_face (RGB; JPEG warnings ignored, as OpenCV
-    always did for these sets), resized bilinearly when not image_size square.
-    """
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        loaded = _DataOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
-    except BinFormatError as error:
-        raise BinFormatError(f"{path}: {error}") from None
-    except Exception as error:
-        raise BinFormatError(f"{path}: not a pickle of (images, issame): {error}") from None
-    if not (isinstance(loaded, (tuple, list)) and len(loaded) == 2):
-        raise BinFormatError(f"{path}: expected a pair (images, issame), got {type(loaded).__name__}")
-    bins, issame = loaded
-    bins = [_encoded_bytes(item) for item in bins]
-    if not all(item is not None for item in bins):
-        raise BinFormatError(f"{path}: the image list holds something other than encoded images (bytes, or uint8 "
-                             "arrays as cv2.imencode returns)")
-    if not all(isinstance(s, (bool, np.bool_)) for s in issame) or len(bins) != 2 * len(issame):
-        raise BinFormatError(f"{path}: expected {2 * len(issame)} images for {len(issame)} booleans, got {len(bins)}")
-    images = np.empty((len(bins), 3, image_size, image_size), dtype=np.float32)
-    for i, encoded in enumerate(bins):
-        try:      # other sizes are resized, as InsightFace's loader does
-            face = decode_face(encoded, f"{path}: image {i} (pair {i // 2})", image_size, resize=True,
-                               strict=False, interpolation=cv2.INTER_LINEAR)
-        except ImageError as error:
-            raise BinFormatError(str(error)) from None
-        images[i] = face.transpose(2, 0, 1)
-    return images, np.asarray(issame, dtype=bool)
+from mxnet_pfc.runtime.errors import ConfigError
 
 
 def embed_with_mirror(embed_fn, images: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
@@ -245,8 +124,9 @@ def contiguous_folds(count: int, folds: int) -> np.ndarray:
     return np.repeat(np.arange(folds), sizes)
 
 
-def ten_fold_accuracy(embeddings: np.ndarray, issame: np.ndarray, folds: int = 10) -> VerificationResult:
-    """Threshold on squared distance chosen on folds-1 folds, accuracy on the held-out fold."""
+def ten_fold_accuracy(embeddings: np.ndarray, issame: np.ndarray, folds: int = FOLDS) -> VerificationResult:
+    """Threshold on squared distance chosen on folds-1 folds, accuracy on the held-out fold (every fold
+    needs a pair: load_bin refuses a set of fewer pairs than folds)."""
     distance = np.sum((embeddings[0::2] - embeddings[1::2]) ** 2, axis=1)
     thresholds = np.arange(0, 4, 0.01)
     # correct[t, i]: pair i is classified right at threshold t
@@ -270,12 +150,36 @@ def verify_embeddings(embeddings: np.ndarray, issame: np.ndarray, xnorm: float =
     return dataclasses.replace(ten_fold_accuracy(embeddings, issame), xnorm=xnorm, tar=tars)
 
 
+def set_names(paths) -> "list[str]":
+    """The name of each .bin set in reports: its file name without .bin, and as many of its folders as tell
+    it apart from another set of that name (a/lfw.bin, b/lfw.bin: 'a/lfw', 'b/lfw'). ConfigError for a file
+    named twice, or two that only their extensions tell apart."""
+    parts = []
+    for path in paths:
+        *folders, file = os.path.abspath(path).split(os.sep)
+        parts.append([*folders, os.path.splitext(file)[0]])
+    names = []
+    for i, own in enumerate(parts):
+        for depth in range(1, len(own) + 1):
+            name = "/".join(own[-depth:])
+            clash = next((j for j, other in enumerate(parts) if j != i and "/".join(other[-depth:]) == name), None)
+            if clash is None:
+                names.append(name)
+                break
+        else:
+            how = "twice" if os.path.abspath(paths[i]) == os.path.abspath(paths[clash]) else \
+                f"as {paths[i]} and {paths[clash]}, which only their extensions tell apart"
+            raise ConfigError(f"the verification set {name} is named {how}: each set is evaluated once, under its "
+                              "own name")
+    return names
+
+
 class Verifier:
     """The configured .bin sets, loaded once, evaluated against a backbone's current parameters."""
 
     def __init__(self, paths, symbol: mx.sym.Symbol, ctx: mx.Context, batch_size: int = 64,
                  image_size: int = FACE_SIZE):
-        self.sets = {os.path.splitext(os.path.basename(p))[0]: load_bin(p, image_size) for p in paths}
+        self.sets = {name: load_bin(path, image_size) for name, path in zip(set_names(paths), paths)}
         self.batch_size = batch_size
         self.embedder = Embedder(symbol, ctx, batch_size, image_size)
 

@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from mxnet_pfc.runtime.errors import quoted
+
 # sin(theta) below this is treated as this value in d f / d c (the derivative
 # of the main branch has 1/sin(theta), infinite at c = +-1).
 _MIN_SIN = 1e-6
@@ -88,7 +90,7 @@ class Margin:
 
     def load_state(self, state: dict) -> None:
         if state:
-            raise ValueError(f"{type(self).__name__} has no state, got {sorted(state)}")
+            raise ValueError(f"{type(self).__name__} has no state, got {quoted(sorted(state))}")
 
     def norm_terms(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
         raise NotImplementedError
@@ -222,11 +224,11 @@ class AdaFaceMargin(Margin):
 
     def load_state(self, state: dict) -> None:
         if set(state) != set(self.INITIAL):
-            raise ValueError(f"AdaFace state must have {sorted(self.INITIAL)}, got {sorted(state)}")
+            raise ValueError(f"AdaFace state must have {sorted(self.INITIAL)}, got {quoted(sorted(state))}")
         values = {k: float(v) for k, v in state.items()}
         bad = [k for k, v in values.items() if not math.isfinite(v)]
         if bad:
-            raise ValueError(f"AdaFace state {bad[0]} must be finite, got {values[bad[0]]}")
+            raise ValueError(f"AdaFace state {bad[0]} must be finite, got {quoted(values[bad[0]])}")
         self.batch_mean, self.batch_std = values["batch_mean"], values["batch_std"]
 
     def target_logit(self, cos_t: np.ndarray, norms: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
@@ -303,7 +305,7 @@ class ElasticFaceMargin(Margin):
     def load_state(self, state: dict) -> None:
         calls = state.get("calls") if set(state) == {"calls"} else None
         if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0:
-            raise ValueError(f"ElasticFace state must be {{'calls': a non-negative integer}}, got {state!r}")
+            raise ValueError(f"ElasticFace state must be {{'calls': a non-negative integer}}, got {quoted(state)}")
         self.calls = calls
 
     def draws(self, call: int, rows: int) -> np.ndarray:
@@ -466,7 +468,7 @@ class CurricularFaceMargin(Margin):
     def load_state(self, state: dict) -> None:
         t = state.get("t") if set(state) == {"t"} else None
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-            raise ValueError(f"CurricularFace state must be {{'t': a finite number}}, got {state!r}")
+            raise ValueError(f"CurricularFace state must be {{'t': a finite number}}, got {quoted(state)}")
         self.t = float(t)
 
     def hard_negatives(self, cos_t: np.ndarray) -> "tuple[np.ndarray, float]":

@@ -18,6 +18,7 @@ import numpy as np
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.runtime.files import atomic_path
 from mxnet_pfc.runtime.run_folder import ModelFiles
+from mxnet_pfc.runtime.symbol_file import load_symbol
 
 
 def export_model(prefix: str, symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict) -> "tuple[str, str]":
@@ -62,7 +63,7 @@ def export_onnx(prefix: str, onnx_path: str, image_size: int = FACE_SIZE, opset:
             mx.onnx.export_model(files.symbol, files.params(0),
                                  in_shapes=[(1, 3, image_size, image_size)], in_types=[np.float32],
                                  onnx_file_path=tmp, dynamic=True)
-        symbol = mx.sym.load(files.symbol)
+        symbol = load_symbol(files.symbol)
         _, out_shapes, _ = symbol.infer_shape(data=(1, 3, image_size, image_size))
         _tidy_onnx(tmp, image_size, out_shapes[0][1])
     return onnx_path

@@ -18,7 +18,8 @@ import numpy as np
 
 import symbols
 from mxnet_pfc.data.faces import FACE_SIZE, full_batch
-from mxnet_pfc.runtime.errors import PfcError, load_checkpoint
+from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.mxnet_files import load_checkpoint
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
 from mxnet_pfc.training import checkpoint
 

@@ -7,14 +7,17 @@ complaint), print the message and stop (exit_status). The trainer also prints
 MXNet's and Horovod's errors as one line (stops.stop_on_error); any other
 exception is a defect of ours and is reported with its traceback.
 MXNet's own file errors name no file and start with a C++ stack: models and
-arrays are read through load_checkpoint / load_params / load_arrays here, whose
-errors name the file and keep MXNet's reason (mxnet_reason).
+arrays are read through runtime/mxnet_files.py, whose errors name the file and
+keep MXNet's reason (mxnet_reason here). A message that
+quotes a value from a file or an option quotes it through quoted() or short(),
+which cut it to a few hundred characters.
 The subclasses keep a builtin base (ValueError, RuntimeError ...) as well, so
 code that caught those before keeps working. MXNet is imported by the loaders
 only, so a module that needs no MXNet (data.faces, plan) does not load it
 through this one.
 """
 import re
+import reprlib
 import sys
 
 
@@ -49,6 +52,34 @@ def exit_status(prefix: str, command, *args) -> int:
         return 1
 
 
+def quoted(value, limit: int = 200) -> str:
+    """repr(value) for a message, cut after about `limit` characters with how long the whole is: what a
+    file or a user gave may be megabytes (a state.json field holding a long list), and a message quotes it
+    whole only when it is short. Nested values are shown a few levels and items deep (reprlib), so that even
+    quoting a huge or deeply nested value costs little."""
+    if isinstance(value, (str, bytes)):
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
+    text = _SHORT_REPR.repr(value)
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > _SHOWN_ITEMS:
+        text += f" ({len(value):,} items)"
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def short(value, limit: int = 200) -> str:
+    """`value` for a message that shows names and paths bare: a str as it is, anything else as quoted(value);
+    either cut after about `limit` characters, saying how long the whole is."""
+    if isinstance(value, str):
+        return value if len(value) <= limit else f"{value[:limit]}... ({len(value):,} characters)"
+    return quoted(value, limit)
+
+
+_SHOWN_ITEMS = 8
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, 60, 60
+for _name in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxdeque", "maxarray"):
+    setattr(_SHORT_REPR, _name, _SHOWN_ITEMS)
+
+
 def mxnet_reason(error: BaseException) -> str:
     """The line of an MXNet error that says what failed, without MXNet's time and C++ source.
 
@@ -72,44 +103,3 @@ def mxnet_reason(error: BaseException) -> str:
         reason = lines[-1] if lines[0].startswith("Traceback") else lines[0]
     reason = reason[len("MXNetError:"):] if reason.startswith("MXNetError:") else reason
     return re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", reason).strip()
-
-
-def load_arrays(file: str, error_type=PfcError):
-    """mx.nd.load(file), a failure raised as error_type naming the file and what MXNet found wrong."""
-    import mxnet as mx
-
-    try:
-        return mx.nd.load(file)
-    except (mx.base.MXNetError, UnicodeDecodeError) as error:
-        raise error_type(f"{file}: cannot load: {mxnet_reason(error)}") from None
-
-
-def load_params(file: str, error_type=PfcError) -> "tuple[dict, dict]":
-    """(arg_params, aux_params) of an MXNet .params file; a failure is error_type naming the file.
-
-    mx.model.load_params, whose errors name neither the file nor, for a file
-    saved without arg:/aux: names, anything at all.
-    """
-    saved = load_arrays(file, error_type)
-    if not isinstance(saved, dict) or not all(key.startswith(("arg:", "aux:")) for key in saved):
-        raise error_type(f"{file}: not a model's parameters: its arrays are not named arg:NAME and aux:NAME")
-    params = {"arg": {}, "aux": {}}
-    for key, value in saved.items():
-        params[key[:3]][key[4:]] = value
-    return params["arg"], params["aux"]
-
-
-def load_checkpoint(prefix: str, epoch: int = 0, error_type=PfcError):
-    """(symbol, arg_params, aux_params) of PREFIX-symbol.json + PREFIX-EPOCH.params, as
-    mx.model.load_checkpoint reads them; a failure is error_type naming the file."""
-    import mxnet as mx
-
-    from mxnet_pfc.runtime.run_folder import ModelFiles
-
-    files = ModelFiles(prefix)
-    file = files.symbol
-    try:
-        symbol = mx.sym.load(file)
-    except (mx.base.MXNetError, UnicodeDecodeError) as error:
-        raise error_type(f"{file}: cannot load: {mxnet_reason(error)}") from None
-    return (symbol, *load_params(files.params(epoch), error_type))

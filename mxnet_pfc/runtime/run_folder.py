@@ -129,6 +129,11 @@ class RunFolder:
         """A rank's progress count, which the watchdogs of ranks waiting in a collective read."""
         return self._path("logs", f"progress-rank{rank}.txt")
 
+    def reading_record(self, rank: "int | str") -> str:
+        """The file a rank is reading whole (a .bin set, an array file), there only while it reads: left
+        behind by a rank that died reading it (run_records.reading)."""
+        return self._path("logs", f"reading-rank{rank}.txt")
+
     @property
     def finished_record(self) -> str:
         """The run's own word that it ended normally (runtime/run_records.py)."""

@@ -11,6 +11,9 @@ gone:
   file for STALE_SECONDS. The holder touches it every HEARTBEAT_SECONDS; ages
   are measured on the file system's own clock (the modification time of a
   file written just now), so clocks that differ between hosts do not matter.
+A lock names the folder it holds (its real path): a lock copied with its
+folder (`cp -a A B`) names A, and holds nothing in B. The path is compared on
+the holder's own host only, where it means the same folder.
 
 See docs/DESIGN.md section 6.2.
 """
@@ -26,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from mxnet_pfc.runtime.errors import PfcError
+from mxnet_pfc.runtime.files import RecordFileError, read_json
 
 LOCK_NAME = "RUNNING.lock"
 HEARTBEAT_SECONDS = 10.0
@@ -90,21 +94,37 @@ class Holder:
     process_start: str
     started: float
     command: str
+    folder: str = ""        # the real path of the folder held ("": a lock of an older version)
 
     @classmethod
-    def this_process(cls) -> "Holder":
+    def this_process(cls, folder: str) -> "Holder":
         spec = getattr(sys.modules["__main__"], "__spec__", None)       # python -m NAME: show NAME
         program = ["python", "-m", spec.name] if spec is not None else sys.argv[:1]
         return cls(socket.gethostname(), boot_id(), os.getpid(), _process_start(os.getpid()) or "",
-                   time.time(), shlex.join(program + sys.argv[1:]))
+                   time.time(), shlex.join(program + sys.argv[1:]), os.path.realpath(folder))
+
+    @classmethod
+    def from_record(cls, value) -> "Holder | None":
+        """The holder a lock file's JSON names, or None when it is not a lock's (a field missing, unknown or
+        of the wrong type)."""
+        types = dict(host=str, boot_id=str, pid=int, process_start=str, started=(int, float), command=str,
+                     folder=str)
+        if (not isinstance(value, dict) or not set(types) - {"folder"} <= set(value) <= set(types)
+                or not all(isinstance(value[name], types[name]) for name in value)
+                or not 0 <= value["started"] < 1e11):          # a time the clock can show
+            return None
+        return cls(**value)
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         return f"pid {self.pid} on host {self.host}, started {when}, command: {self.command}"
 
-    def gone(self, lock_age: float) -> "tuple[bool, str]":
-        """(whether the holder is gone, how that was decided) for a lock last refreshed `lock_age` s ago."""
+    def gone(self, lock_age: float, folder: str) -> "tuple[bool, str]":
+        """(whether the holder is gone, how that was decided) for the lock of `folder`, last refreshed
+        `lock_age` s ago. A holder of this host that holds another folder is gone from this one."""
         if self.host == socket.gethostname() and self.boot_id == boot_id():
+            if self.folder and self.folder != os.path.realpath(folder):
+                return True, f"it holds another folder, {self.folder} (this lock was copied from there)"
             alive = _process_start(self.pid) == self.process_start
             return not alive, f"its process {self.pid} on this host {'is running' if alive else 'has ended'}"
         if lock_age > STALE_SECONDS:
@@ -112,14 +132,16 @@ class Holder:
         return False, f"it was refreshed {lock_age:.0f} s ago by host {self.host}"
 
 
-def _read(path: str) -> "tuple[Holder | None, float]":
-    """(holder, modification time) of the lock at `path`; holder None while it is being written."""
+def _read(path: str) -> "tuple[Holder | None, float, str]":
+    """(holder, modification time, what is wrong with it) of the lock at `path`; holder None while it is
+    being written, or when it is damaged."""
     mtime = os.stat(path).st_mtime
     try:
-        with open(path) as f:
-            return Holder(**json.load(f)), mtime
-    except (ValueError, TypeError):
-        return None, mtime
+        value = read_json(path)
+    except RecordFileError as error:
+        return None, mtime, str(error)
+    holder = Holder.from_record(value)
+    return holder, mtime, "" if holder else f"{path}: not a lock (its fields are not a holder's)"
 
 
 class OutputLock:
@@ -151,20 +173,20 @@ def holder_active(folder: str) -> bool:
     """Whether a run that is not gone holds `folder` (acquire would refuse it now)."""
     path = lock_path(folder)
     try:
-        holder, mtime = _read(path)
+        holder, mtime, _ = _read(path)
     except FileNotFoundError:
         return False
     age = _filesystem_now(folder) - mtime
-    return age <= STALE_SECONDS if holder is None else not holder.gone(age)[0]
+    return age <= STALE_SECONDS if holder is None else not holder.gone(age, folder)[0]
 
 
 def live_holder(folder: str) -> "Holder | None":
     """The run that holds `folder` and is not gone, or None (also while a lock is being written)."""
     try:
-        holder, mtime = _read(lock_path(folder))
+        holder, mtime, _ = _read(lock_path(folder))
     except FileNotFoundError:
         return None
-    if holder is None or holder.gone(_filesystem_now(folder) - mtime)[0]:
+    if holder is None or holder.gone(_filesystem_now(folder) - mtime, folder)[0]:
         return None
     return holder
 
@@ -173,24 +195,25 @@ def acquire(folder: str) -> OutputLock:
     """Hold `folder` for this run, or raise OutputBusyError naming the run that holds it."""
     os.makedirs(folder, exist_ok=True)
     path = lock_path(folder)
-    mine = Holder.this_process()
+    mine = Holder.this_process(folder)
     took_over = ""
     for _ in range(5):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             try:
-                holder, mtime = _read(path)
+                holder, mtime, damage = _read(path)
             except FileNotFoundError:      # released meanwhile
                 continue
             age = _filesystem_now(folder) - mtime
             if holder is None:             # being written by a run starting now, or a crash mid-write
                 if age <= STALE_SECONDS:
-                    raise OutputBusyError(f"{folder} is being taken by another run that is starting now "
-                                          f"({path}); choose another --output") from None
-                gone, why = True, f"it is empty or damaged and {age:.0f} s old"
+                    raise OutputBusyError(f"{folder} is being taken by another run that is starting now, or its "
+                                          f"lock is damaged ({damage}); choose another --output, or remove "
+                                          f"the lock if no run is starting") from None
+                gone, why = True, f"it is empty or damaged and {age:.0f} s old ({damage})"
             else:
-                gone, why = holder.gone(age)
+                gone, why = holder.gone(age, folder)
             if not gone:
                 raise OutputBusyError(
                     f"{folder} is in use by another run ({holder.describe()}); {why}. Two runs in one folder "

@@ -22,6 +22,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from mxnet_pfc.runtime.errors import PfcError, quoted
+
 # A node in one of these states is lost to the job (the job itself may live on with --no-kill). Not DRAIN or
 # FAIL: an administrator's request that leaves running jobs running.
 LOST_STATES = ("DOWN", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN")
@@ -29,15 +31,17 @@ LOST_STATES = ("DOWN", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN")
 BOUND_TYPES = ("mask_cpu", "map_cpu", "map_ldom", "mask_ldom", "cores", "threads", "sockets", "ldoms",
                "rank")
 SCONTROL_TIMEOUT = 10.0
-MAX_NODES = 100_000         # more nodes than any allocation has: a range beyond it is a damaged value
+MAX_NODES = 100_000         # more nodes than any allocation has: a host list beyond it is a damaged value
+MAX_TASKS_PER_NODE = 65_533     # Slurm's own ceiling of MaxTasksPerNode (slurm.conf): tasks, so ranks, of a node
 # Asked while a rank stops on SIGTERM: horovodrun kills its ranks 5 s after passing the signal on.
 ENDING_TIMEOUT, ENDING_RETRY = 3.0, 0.25
 # The states of a job Slurm is ending (a job being ended shows COMPLETING until its processes are gone).
 ENDING_STATES = ("COMPLETING", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE")
 
 
-class SlurmError(ValueError):
-    """The allocation cannot be read (outside a job, or a variable not in Slurm's syntax)."""
+class SlurmError(PfcError, ValueError):
+    """The allocation cannot be read (outside a job, or a variable not in Slurm's syntax or beyond what an
+    allocation can be)."""
 
 
 def _split_top(text: str) -> "list[str]":
@@ -47,67 +51,92 @@ def _split_top(text: str) -> "list[str]":
         if char == "[":
             depth += 1
             if depth > 1:
-                raise SlurmError(f"nested brackets in the host list {text!r}")
+                raise SlurmError(f"nested brackets in the host list {quoted(text)}")
         elif char == "]":
             depth -= 1
             if depth < 0:
-                raise SlurmError(f"a ']' without '[' in the host list {text!r}")
+                raise SlurmError(f"a ']' without '[' in the host list {quoted(text)}")
         elif char == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     if depth != 0:
-        raise SlurmError(f"an unclosed '[' in the host list {text!r}")
+        raise SlurmError(f"an unclosed '[' in the host list {quoted(text)}")
     parts.append(text[start:])
     return parts
 
 
-def _range_values(body: str, whole: str) -> "list[str]":
-    """`01-03,7` -> ['01', '02', '03', '7'], keeping each range's zero padding."""
-    values = []
+def _ranges(body: str, whole: str) -> "list[tuple[int, int, int]]":
+    """`01-03,7` -> [(1, 3, 2), (7, 7, 0)]: each range's ends and zero padding, not expanded."""
+    ranges = []
     for item in body.split(","):
-        low, _, high = item.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise SlurmError(f"{item!r} in the host list {whole!r} is not a number or a range of numbers")
-        if not high:
-            values.append(low)
-            continue
+        match = re.fullmatch(r"([0-9]{1,30})(?:-([0-9]{1,30}))?", item)     # a node number has a few digits
+        if match is None:
+            raise SlurmError(f"{quoted(item)} in the host list {quoted(whole)} is not a number or a range of numbers")
+        low, high = match.group(1), match.group(2) or match.group(1)
         if int(high) < int(low):
-            raise SlurmError(f"the range {item!r} in the host list {whole!r} runs backwards")
-        if int(high) - int(low) >= MAX_NODES:
-            raise SlurmError(f"the range {item!r} in the host list {whole!r} names more than {MAX_NODES:,} nodes")
-        width = len(low) if low.startswith("0") else 0
-        values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-    return values
+            raise SlurmError(f"the range {quoted(item)} in the host list {quoted(whole)} runs backwards")
+        ranges.append((int(low), int(high), len(low) if low.startswith("0") else 0))
+    return ranges
+
+
+def _name_parts(part: str, whole: str) -> "list[tuple[str, list[tuple[int, int, int]]]]":
+    """A name of the host list as (literal, ranges after it: [] for none) pieces: `r[1-2]n` -> [('r', [(1, 2,
+    0)]), ('n', [])]."""
+    if re.search(r"\s", part) or "[]" in part:
+        raise SlurmError(f"{quoted(part)} in the host list {quoted(whole)} is not a node name")
+    return [(literal, _ranges(body, whole) if body else [])
+            for literal, body in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part)]
 
 
 def expand_hostlist(text: str) -> "list[str]":
     """Slurm's hostlist syntax as names: `gpu[01-02],cpu7` -> ['gpu01', 'gpu02', 'cpu7']; several
-    bracket groups in one name give every combination (`r[1-2]n[1-2]` -> r1n1, r1n2, r2n1, r2n2)."""
+    bracket groups in one name give every combination (`r[1-2]n[1-2]` -> r1n1, r1n2, r2n1, r2n2). The
+    names are counted before any is made: more than MAX_NODES is refused (`r[0-99998]n[0-99998]` names
+    10 billion)."""
     text = text.strip()
     if not text:
         raise SlurmError("the host list is empty")
-    hosts = []
+    parsed, count = [], 0
     for part in _split_top(text):
         if not part:
-            raise SlurmError(f"an empty name in the host list {text!r}")
-        if re.search(r"\s", part) or "[]" in part:
-            raise SlurmError(f"{part!r} in the host list {text!r} is not a node name")
+            raise SlurmError(f"an empty name in the host list {quoted(text)}")
+        pieces = _name_parts(part, text)
+        names = 1
+        for _, ranges in pieces:
+            names *= sum(high - low + 1 for low, high, _ in ranges) if ranges else 1
+            if count + names > MAX_NODES:
+                raise SlurmError(f"the host list {quoted(text)} names more than {MAX_NODES:,} nodes, which no "
+                                 f"allocation has: a damaged value")
+        count += names
+        parsed.append(pieces)
+    hosts = []
+    for pieces in parsed:
         names = [""]
-        for literal, body in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part):
-            values = _range_values(body, text) if body else [""]
+        for literal, ranges in pieces:
+            values = [str(n).zfill(width) for low, high, width in ranges for n in range(low, high + 1)] or [""]
             names = [name + literal + value for name in names for value in values]
         hosts.extend(names)
     return hosts
 
 
 def expand_counts(text: str) -> "list[int]":
-    """Slurm's per-node counts with repeats: `8(x2),4` -> [8, 8, 4]."""
+    """Slurm's per-node counts with repeats: `8(x2),4` -> [8, 8, 4]. A count is 1 to MAX_TASKS_PER_NODE
+    tasks, for at most MAX_NODES nodes in all (counted before any is made: `8(x9999999999)`)."""
     counts = []
     for item in text.strip().split(","):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        match = re.fullmatch(r"([0-9]{1,30})(?:\(x([0-9]{1,30})\))?", item.strip())
         if match is None:
-            raise SlurmError(f"{item!r} in the per-node counts {text!r} is not N or N(xM)")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+            raise SlurmError(f"{quoted(item)} in the per-node counts {quoted(text)} is not N or N(xM)")
+        count, repeat = int(match.group(1)), int(match.group(2) or 1)
+        if not 1 <= count <= MAX_TASKS_PER_NODE:
+            raise SlurmError(f"{quoted(item)} in the per-node counts {quoted(text)}: {count:,} tasks on a node, "
+                             f"where a node runs 1 to {MAX_TASKS_PER_NODE:,} (Slurm's largest MaxTasksPerNode)")
+        if repeat < 1:
+            raise SlurmError(f"{quoted(item)} in the per-node counts {quoted(text)} repeats a count 0 times")
+        if len(counts) + repeat > MAX_NODES:
+            raise SlurmError(f"the per-node counts {quoted(text)} are for more than the {MAX_NODES:,} nodes any "
+                             f"allocation has: a damaged value")
+        counts.extend([count] * repeat)
     return counts
 
 
@@ -140,8 +169,8 @@ def allocation(environ: "dict | None" = None) -> Allocation:
     tasks = env.get("SLURM_TASKS_PER_NODE")
     counts = expand_counts(tasks) if tasks else [1] * len(hosts)
     if len(counts) != len(hosts):
-        raise SlurmError(f"SLURM_TASKS_PER_NODE={tasks} gives {len(counts)} counts for the {len(hosts)} nodes "
-                         f"of SLURM_JOB_NODELIST={nodelist}")
+        raise SlurmError(f"SLURM_TASKS_PER_NODE={quoted(tasks)} gives {len(counts)} counts for the {len(hosts)} "
+                         f"nodes of SLURM_JOB_NODELIST={quoted(nodelist)}")
     return Allocation(job, tuple(zip(hosts, counts)))
 
 

@@ -33,8 +33,9 @@ import zlib
 
 import mxnet as mx
 
-from mxnet_pfc.runtime import comm, slurm
+from mxnet_pfc.runtime import comm, reading, slurm
 from mxnet_pfc.runtime.errors import PfcError, mxnet_reason
+from mxnet_pfc.runtime.files import RecordFileError, read_record_bytes
 from mxnet_pfc.runtime.logs import ROOT_LOGGER
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.runtime.run_lock import boot_id
@@ -48,6 +49,7 @@ def start(run: RunFolder) -> None:
     """Learn where failure records go and which processes the other ranks are (collective: every rank)."""
     _state["run"] = run
     _record_crashes(run)
+    reading.note_in(run.reading_record(comm.rank()))
     host = zlib.crc32(f"{socket.gethostname()} {boot_id()}".encode())     # same kernel: pids comparable
     _state["peers"] = [(r, int(h), int(pid)) for r, (h, pid) in enumerate(comm.gather_rows([host, os.getpid()]))]
 
@@ -83,9 +85,9 @@ def _abort(code: int) -> None:
 
 def crash_summary(path: str) -> "str | None":
     """'Segmentation fault in FILE, line N in FUNCTION' from a faulthandler dump; None if empty."""
-    try:
-        lines = open(path, errors="replace").read().splitlines()
-    except OSError:
+    try:       # every thread's stack: some KB (bounded, and never a FIFO that blocks the reader)
+        lines = read_record_bytes(path).decode("utf-8", "replace").splitlines()
+    except (OSError, RecordFileError):
         return None
     fatal = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Fatal Python error:")), None)
     if fatal is None:
@@ -109,7 +111,7 @@ NOT_OWN_FAILURE = (SIGNALLED, LOST_CONTACT, STALLED, WAITED)
 def clear_records(run: RunFolder) -> None:
     """Remove the failure records, crash and stack dumps and progress counts of an earlier run in this
     folder (rank 0, before the others start)."""
-    for kind in (run.failure_record, run.crash_record, run.stacks_record, run.progress_record):
+    for kind in (run.failure_record, run.crash_record, run.stacks_record, run.progress_record, run.reading_record):
         for path in glob.glob(kind("*")):
             os.remove(path)
 
@@ -135,9 +137,9 @@ def read_records(run: RunFolder, ranks) -> "dict[int, str]":
     """{rank: message} of the failure records of `ranks` in the run's logs."""
     found = {}
     for rank in ranks:
-        try:
-            found[rank] = open(run.failure_record(rank)).read().strip()
-        except OSError:
+        try:       # a record is a line or two: bounded, and never a FIFO that blocks the reader
+            found[rank] = read_record_bytes(run.failure_record(rank), 1 << 16).decode("utf-8", "replace").strip()
+        except (OSError, RecordFileError):
             continue
     return found
 

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 
 from mxnet_pfc.runtime import run_records, slurm
+from mxnet_pfc.runtime.errors import quoted
 from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger("mxnet_pfc.elastic")
@@ -48,7 +49,9 @@ class Hosts:
 
 
 def parse_hosts(text: str, default_slots: int) -> Hosts:
-    """`host:slots` or `host` lines; blank lines and # comments are skipped. Raises ValueError."""
+    """`host:slots` or `host` lines; blank lines and # comments are skipped; a host with 0 slots is listed
+    as not usable. Raises ValueError, also for more slots on a host, or more hosts, than Slurm allows
+    (slurm.MAX_TASKS_PER_NODE, slurm.MAX_NODES): a damaged line, which would be passed on as -np."""
     slots = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -58,10 +61,15 @@ def parse_hosts(text: str, default_slots: int) -> Hosts:
         try:
             n = int(count) if count else default_slots
         except ValueError:
-            raise ValueError(f"line {number}: {line!r} is not host:slots") from None
+            raise ValueError(f"line {number}: {quoted(line)} is not host:slots") from None
         if not host or n < 0:
-            raise ValueError(f"line {number}: {line!r} is not host:slots")
+            raise ValueError(f"line {number}: {quoted(line)} is not host:slots")
+        if n > slurm.MAX_TASKS_PER_NODE:
+            raise ValueError(f"line {number}: {quoted(line)}: {n:,} slots on a host, more than the "
+                             f"{slurm.MAX_TASKS_PER_NODE:,} any host runs")
         slots[host] = n                       # a host listed twice: its last line counts
+        if len(slots) > slurm.MAX_NODES:
+            raise ValueError(f"line {number}: more than {slurm.MAX_NODES:,} hosts, which no allocation has")
     return Hosts(tuple((h, n) for h, n in slots.items() if n > 0))
 
 
@@ -92,14 +100,24 @@ def _processes() -> "dict[int, tuple[int, str]]":
     return table
 
 
-def _launched_as(pid: int, launch: str) -> bool:
-    """Whether process `pid` was started with launch id `launch` (job.json may have been edited to name
-    another process, which a supervisor would then stop as its job)."""
+def launch_problem(pid: int, launch: str, output: str) -> "str | None":
+    """Why process `pid` is not the job a supervisor launched as `launch` for the output folder `output` (a
+    real path), or None when it is: its environment says (job.json may have been copied with its folder,
+    or edited to name another process, which a supervisor would then stop as its job)."""
     try:
-        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-    except OSError:
-        return False
-    return f"{run_records.LAUNCH_ENV}={launch}".encode() in environ
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError as error:
+        return f"its environment cannot be read ({error.strerror})"
+    env = dict(item.partition(b"=")[::2] for item in environ if item)
+    if env.get(run_records.LAUNCH_ENV.encode()) != launch.encode():
+        return "it was not started with the launch id job.json records"
+    trains = env.get(run_records.OUTPUT_ENV.encode())
+    if trains is None:
+        return "its environment names no output folder (not launched for this one, or by an older version)"
+    if trains != output.encode():
+        return f"it was launched for another output folder, {quoted(trains.decode(errors='replace'))}"
+    return None
 
 
 def _alive(pid: int, started: str) -> bool:
@@ -126,10 +144,12 @@ class Job:
         self.track()
 
     @classmethod
-    def launch(cls, command: "list[str]", launch: str) -> "Job":
+    def launch(cls, command: "list[str]", launch: str, output: str) -> "Job":
+        """Start `command` as the launch `launch` for the output folder `output` (a real path), both in its
+        environment (launch_problem)."""
         # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, run_records.LAUNCH_ENV: launch})
+                                env={**os.environ, run_records.LAUNCH_ENV: launch, run_records.OUTPUT_ENV: output})
         from mxnet_pfc.runtime.run_lock import process_stat
         stat = process_stat(proc.pid)
         return cls(proc.pid, stat[1] if stat else "", proc)
@@ -252,6 +272,19 @@ def job_failure(run: RunFolder, ranks: int) -> "str | None":
     return stops.first_failure(stops.read_records(run, range(ranks)))
 
 
+def died_reading(run: RunFolder, ranks: int) -> "tuple[int, str, str] | None":
+    """(rank, file, how it died) for the lowest rank of the job that ended that died reading a file whole
+    (reading.py's note), or None."""
+    from mxnet_pfc.runtime import stops  # imported late, as in job_failure
+    for rank in range(ranks):
+        file = run_records.died_reading(run, rank)
+        if file is not None:
+            how = stops.crash_summary(run.crash_record(rank)) or "no crash record: killed (SIGKILL, the " \
+                                                                "out-of-memory killer) or its host lost"
+            return rank, file, how
+    return None
+
+
 def newest_checkpoint(run: RunFolder):
     """The newest complete checkpoint of the output folder (checkpoint.Saved), or None."""
     from mxnet_pfc.training import checkpoint
@@ -268,6 +301,7 @@ class Supervisor:
     def __init__(self, args: argparse.Namespace, trainer_args: "list[str]", output: str, start_over: bool,
                  length: "list" = ()):
         self.args, self.trainer_args, self.run_folder = args, trainer_args, RunFolder(output)
+        self.output = os.path.realpath(output)      # what this supervisor's jobs are launched for
         self.start_over = start_over
         self.length = list(length)      # the run's length as asked for (max_update, num_epoch): see run()
         # with --start_over, the earlier run's newest checkpoint: launches start afresh while it is in place (the
@@ -275,6 +309,9 @@ class Supervisor:
         self.earlier_run = getattr(newest_checkpoint(self.run_folder), "path", None) if start_over else None
         self.launch_id: "str | None" = None      # of the job watched now (None: a run started by hand)
         self.restarts = 0
+        # (file, starting checkpoint) of the last job, ended by a rank that died reading the file: the same
+        # again is the file's doing, not a lost rank
+        self.last_death_reading: "tuple[str, str] | None" = None
         self.interrupted: "int | None" = None
         self.slurm_ending: "str | None" = None      # why Slurm ended the job ('' : not Slurm); None: not asked
         os.makedirs(self.run_folder.elastic, exist_ok=True)
@@ -338,12 +375,13 @@ class Supervisor:
         """Start the job and record it (job.json) for a supervisor that may have to adopt it."""
         run_records.clear_for_launch(self.run_folder)
         self.launch_id = uuid.uuid4().hex
-        job = Job.launch(self.command(assigned, resume), self.launch_id)
+        job = Job.launch(self.command(assigned, resume), self.launch_id, self.output)
         from mxnet_pfc.runtime.files import write_json
         from mxnet_pfc.runtime.run_lock import boot_id
         write_json(self.run_folder.job_record, dict(
             pid=job.pid, started=job.started, host=socket.gethostname(), boot_id=boot_id(),
-            ranks=sum(n for _, n in assigned), hosts=[list(a) for a in assigned], launch=self.launch_id))
+            ranks=sum(n for _, n in assigned), hosts=[list(a) for a in assigned], launch=self.launch_id,
+            output=self.output))
         return job
 
     def own_record(self, path: str) -> "dict | None":
@@ -361,20 +399,21 @@ class Supervisor:
         watched through the lock until it lets go.
         """
         from mxnet_pfc.runtime import run_lock
-        from mxnet_pfc.runtime.run_lock import boot_id
         holder = run_lock.live_holder(self.run_folder.root)
         record = run_records.read(self.run_folder.job_record) or {}
-        ours = (record.get("host") == socket.gethostname() and record.get("boot_id") == boot_id()
-                and isinstance(record.get("pid"), int) and _alive(record["pid"], str(record.get("started")))
-                and _launched_as(record["pid"], str(record.get("launch"))))
+        ours = self.recorded_job_runs(record)
         if holder is None and not ours:
             return None
         run_records.clear(self.run_folder.busy_record)        # a refusal recorded before this job is no word of it
         self.earlier_run = None          # the live job is this folder's run now: --start_over has been done
         self.launch_id = record["launch"] if ours else None
         if ours:
-            job = Job(record["pid"], str(record["started"]))
-            ranks, assigned = record.get("ranks"), tuple(tuple(a) for a in record.get("hosts", []))
+            job = Job(record["pid"], record["started"])
+            ranks = record.get("ranks") if isinstance(record.get("ranks"), int) else None
+            hosts = record.get("hosts")
+            assigned = tuple((h, n) for h, n in hosts) if isinstance(hosts, list) and all(
+                isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], int)
+                for a in hosts) else ()
             self.event(ranks, assigned, f"adopted the running job (horovodrun pid {job.pid}"
                                         + (f"; output held by {holder.describe()}" if holder else "")
                                         + "): watching it")
@@ -382,6 +421,24 @@ class Supervisor:
         self.event(None, (), f"adopted the running job holding the output ({holder.describe()}): watching its "
                              f"output lock until it ends")
         return HeldOutput(self.run_folder.root, holder), None, ()
+
+    def recorded_job_runs(self, record: dict) -> bool:
+        """Whether the job job.json names runs on this host and was launched for this output folder (then it is
+        adopted, and stopped on Ctrl-C). A live process it names that was not is left alone, saying why:
+        job.json may have been copied with its folder (`cp -a` of a live run), or edited."""
+        from mxnet_pfc.runtime.run_lock import boot_id
+        pid, started, launch = record.get("pid"), record.get("started"), record.get("launch")
+        if not (record.get("host") == socket.gethostname() and record.get("boot_id") == boot_id()
+                and isinstance(pid, int) and isinstance(started, str) and isinstance(launch, str)
+                and _alive(pid, started)):
+            return False        # no job of this host that still runs: nothing to adopt, nothing to say
+        why = launch_problem(pid, launch, self.output)
+        if why is None and record.get("output") != self.output:
+            why = f"job.json was written for another output folder, {quoted(record.get('output'))}"
+        if why is not None:
+            self.event(None, (), f"not adopting process {pid}, which {self.run_folder.job_record} names: {why}; "
+                                 f"it is left alone")
+        return why is None
 
     def run(self) -> int:
         resume = option_value(self.trainer_args, "--resume") is not None
@@ -443,12 +500,24 @@ class Supervisor:
                 self.event(np_, assigned, f"failed on an error of its own ({status}): "
                                           f"{failure or 'a configuration error'}; not relaunched")
                 return 1 if code is None else code
+            died = died_reading(self.run_folder, np_ or self.args.max_np)
+            start = held(self.run_folder)
+            if died is not None and self.last_death_reading == (died[1], start):
+                rank, file, how = died
+                self.event(np_, assigned, f"failed again on the same file ({status}): rank {rank} died reading "
+                                          f"{file} ({how}), twice, both times from "
+                                          f"{'the start' if start == '-' else 'checkpoint ' + start}: the file "
+                                          f"causes it, not a lost rank; not relaunched (replace or remove the file)")
+                return code or 1
+            self.last_death_reading = (died[1], start) if died is not None else None
             if self.restarts >= self.args.max_restarts:
                 self.event(np_, assigned, f"gave up: the job ended ({status}) without finishing and "
                                           f"--max-restarts {self.args.max_restarts} relaunches are spent")
                 return EXIT_GAVE_UP
             self.restarts += 1
             reason = f"restart {self.restarts}/{self.args.max_restarts}: the job lost a rank or host ({status})"
+            if died is not None:
+                reason += f"; rank {died[0]} died reading {died[1]} ({died[2]})"
             wait_for_lock(self.run_folder.root, timeout=120.0)
 
     def watch(self, job: "Job | HeldOutput", np_: "int | None", assigned) -> "int | None":

@@ -35,7 +35,6 @@ reads them, re-sharding on load); docs/DESIGN.md section 5 has the whole layout.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import pickle
@@ -49,9 +48,10 @@ import mxnet as mx
 
 import symbols
 from mxnet_pfc.head.memory_bank import MemoryBank, shard_files
-from mxnet_pfc.runtime import comm
-from mxnet_pfc.runtime.errors import CheckpointError, load_arrays, load_checkpoint, mxnet_reason
-from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.runtime import array_file, comm
+from mxnet_pfc.runtime.errors import CheckpointError, mxnet_reason, quoted
+from mxnet_pfc.runtime.files import read_json, write_json
+from mxnet_pfc.runtime.mxnet_files import load_arrays, load_checkpoint
 from mxnet_pfc.training.module import named_states
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 3
 READABLE_FORMATS = (1, 2, 3)
 STATE_FILE = "state.json"
+STATE_BYTES = 64 << 20      # a state.json holds a shard per rank: a few KB at 10,000 ranks
 OPTIMIZER_FILE = "optimizer-states.params"          # MXNet's array format: no code can be in it
 LEGACY_OPTIMIZER_FILE = "optimizer.states"          # format 1: a pickle, read only through _ArraysOnlyUnpickler
 _FOLDER = re.compile(r"^ckpt-(\d{6,})-step-(\d{8,})$")
@@ -122,8 +123,7 @@ def _saved(root: str, name: str) -> "Saved | None":
         return None
     sequence, step = (int(match.group(1)), int(match.group(2))) if match else (0, int(legacy.group(1)))
     try:
-        with open(os.path.join(path, STATE_FILE)) as f:
-            state = json.load(f)
+        state = read_json(os.path.join(path, STATE_FILE), STATE_BYTES)
         samples, world = samples_seen(state), state["world_size"]
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (samples, world)):
             raise TypeError
@@ -215,29 +215,41 @@ def read_state(path: str) -> dict:
     """
     file = os.path.join(path, STATE_FILE)
     try:
-        with open(file) as f:
-            state = json.load(f)
+        state = read_json(file, STATE_BYTES)         # a regular file of bounded size and nesting
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path}: cannot read state.json: {error}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{file}: not a JSON object")
     if state.get("format") not in READABLE_FORMATS:
-        raise CheckpointError(f"{path}: checkpoint format {state.get('format')!r}, this version reads "
+        raise CheckpointError(f"{path}: checkpoint format {quoted(state.get('format'))}, this version reads "
                               f"{', '.join(map(str, READABLE_FORMATS))}")
     fields = dict(_STATE_FIELDS, **({"samples_seen": (int, 0)} if "samples_seen" in state else {}))
     for name, (kind, least) in fields.items():
         value = _field(state, name)
         if not isinstance(value, kind) or isinstance(value, bool) or (least is not None and value < least):
             wanted = kind.__name__ + (f" >= {least}" if least is not None else "")
-            raise CheckpointError(f"{file}: field {name!r} is {value!r} (missing or damaged; expected {wanted})")
+            raise CheckpointError(f"{file}: field {name!r} is {quoted(value)} (missing or damaged; expected {wanted})")
     shards = state["shards"]
     if (len(shards) != state["world_size"]
             or not all(isinstance(s, list) and len(s) == 2 and all(type(v) is int and v >= 0 for v in s)
                        for s in shards)
-            or sum(s[1] for s in shards) != state["num_classes"]):
+            or not tiles(shards, state["num_classes"])):
         raise CheckpointError(f"{file}: field 'shards' does not split {state['num_classes']} classes over "
-                              f"{state['world_size']} ranks: {str(shards)[:200]}")
+                              f"{state['world_size']} ranks (rank r's [first class, count], contiguous from 0, "
+                              f"none empty): {quoted(shards)}")
     return state
+
+
+def tiles(shards: "list[list[int]]", num_classes: int) -> bool:
+    """Whether shards[r] = [class_start, num_local] of rank r cover classes 0 .. num_classes - 1 once each, in
+    rank order and none empty, as shard_range gives them: a resume fills each rank's rows from them, and a
+    gap or an overlap would leave rows unset."""
+    start = 0
+    for class_start, count in shards:
+        if class_start != start or count < 1:
+            return False
+        start += count
+    return start == num_classes
 
 
 def check_compatible(state: dict, path: str, num_classes: int, embedding_size: int, network: str,
@@ -260,7 +272,7 @@ def head_mismatches(state: dict, num_classes: int, embedding_size: int, subcente
     problems = []
     saved_subcenters = state.get("subcenters", 1)       # written since sub-center ArcFace; 1 before
     if saved_subcenters != subcenters:
-        problems.append(f"its memory bank has {saved_subcenters!r} center(s) per class, this run {subcenters} "
+        problems.append(f"its memory bank has {quoted(saved_subcenters)} center(s) per class, this run {subcenters} "
                         "(--loss subcenter-arcface and subcenter_k)")
     if state["num_classes"] != num_classes:
         problems.append(f"it has {state['num_classes']} classes, the configuration {num_classes} (num_classes)")
@@ -459,6 +471,9 @@ class _LegacyArray:
     def to_ndarray(self) -> mx.nd.NDArray:
         if not isinstance(self.raw, bytearray):
             raise pickle.UnpicklingError("an NDArray without its bytes")
+        problem = array_file.array_problem(bytes(self.raw))     # MXNet would believe its shape, as in a file
+        if problem is not None:
+            raise pickle.UnpicklingError(problem)
         array = mx.nd.NDArray(handle=None)
         array.__setstate__({"handle": self.raw})         # MXNet's own decoder of an array's bytes
         return array
@@ -503,7 +518,7 @@ def _legacy_optimizer_arrays(file: str, param_names: "list[str]") -> "dict[str, 
     built = {}
     for index, state in states.items():
         if not (isinstance(index, int) and 0 <= index < len(param_names)):
-            raise pickle.UnpicklingError(f"state index {index!r} is not a parameter's")
+            raise pickle.UnpicklingError(f"state index {quoted(index)} is not a parameter's")
         parts = state if isinstance(state, tuple) else (state,)
         for part in parts:
             if part is not None and not isinstance(part, _LegacyArray):
@@ -520,7 +535,7 @@ def load_optimizer_state(path: str, module, leave_out: "tuple[str, ...]" = ()) -
     file = os.path.join(path, OPTIMIZER_FILE)
     try:
         if os.path.exists(file):
-            arrays = mx.nd.load(file)
+            arrays = load_arrays(file, CheckpointError)
             if isinstance(arrays, list) and not arrays:     # saved before the backbone's first update (a freeze)
                 arrays = {}
             if not isinstance(arrays, dict):
@@ -533,6 +548,8 @@ def load_optimizer_state(path: str, module, leave_out: "tuple[str, ...]" = ()) -
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no optimizer state ({OPTIMIZER_FILE}, or {LEGACY_OPTIMIZER_FILE} of "
                               "format 1)") from None
+    except CheckpointError:         # load_arrays's, which names the file already
+        raise
     except (pickle.UnpicklingError, EOFError, ValueError, mx.base.MXNetError, OSError) as error:
         raise CheckpointError(f"{file}: refused: {mxnet_reason(error)}") from None
 

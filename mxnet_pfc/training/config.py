@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import os
 from dataclasses import dataclass, fields
 
 import symbols
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.head import margin
-from mxnet_pfc.runtime.errors import ConfigError
+from mxnet_pfc.runtime.errors import ConfigError, quoted
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import split_prefix
 
@@ -275,7 +276,7 @@ def _parse_value(kind, text: str):
     if kind is bool:
         lowered = text.lower()
         if lowered not in ("1", "0", "true", "false", "yes", "no"):
-            raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected true or false, got {quoted(text)}")
         return lowered in ("1", "true", "yes")
     if kind is tuple:
         return tuple(item for item in text.split(",") if item)
@@ -322,7 +323,7 @@ def make_config(overrides: "dict | None" = None) -> Config:
         if preset_field == "network" and symbols.is_symbol_file(name):   # its width is read at start-up
             table = {name: dict(network=name, embedding_size=0)}
         if name not in table:
-            raise ConfigError(f"unknown {preset_field} {name!r}; choose one of: {', '.join(table)}")
+            raise ConfigError(f"unknown {preset_field} {quoted(name)}; choose one of: {', '.join(table)}")
         preset = table[name]
         if preset_field == "dataset" and ("rec" in overrides or "images" in overrides):
             preset = {key: value for key, value in preset.items() if key not in DATA_FIELDS}
@@ -367,7 +368,7 @@ INIT_CENTERS = (INIT_RANDOM, INIT_IMPRINT)
 def validate(config: Config) -> None:
     def require(condition: bool, name: str, what: str) -> None:
         if not condition:
-            raise ConfigError(f"{name} = {getattr(config, name)!r}: {what}")
+            raise ConfigError(f"{name} = {quoted(getattr(config, name))}: {what}")
 
     require(config.network in symbols.NETWORKS or symbols.is_symbol_file(config.network), "network",
             f"not a registered network ({', '.join(symbols.names())}) or a symbol file (*.json)")
@@ -381,7 +382,8 @@ def validate(config: Config) -> None:
     require(config.init_centers != INIT_IMPRINT or config.rec or config.images, "init_centers",
             "imprint embeds the training images: it needs --rec or --images (not dummy data)")
     inside_output = [name for name in ("pretrained", "init_centers", "teacher", "network")
-                     if _is_within(split_prefix(getattr(config, name))[0], config.output)]
+                     if (name != "network" or symbols.is_symbol_file(config.network))     # not a registered name
+                     and _is_within(split_prefix(getattr(config, name))[0], config.output)]
     require(not (config.start_over and inside_output), "start_over",
             f"moves {config.output}'s files to its earlier-runs/ before the run reads them, and "
             f"--{', --'.join(inside_output)} names a path inside it: copy what you start from out of "
@@ -393,7 +395,7 @@ def validate(config: Config) -> None:
     require(config.distill_weight >= 0, "distill_weight", "must be non-negative")
     require(config.freeze_backbone_steps >= 0, "freeze_backbone_steps", "must be non-negative (0: no freeze)")
     require(not (config.rec and config.images), "images",
-            f"--images and --rec ({config.rec!r}) name two training sets: give one")
+            f"--images and --rec ({quoted(config.rec)}) name two training sets: give one")
     require(config.num_classes >= 1 or ((config.rec or config.images) and config.num_classes == 0), "num_classes",
             "must be at least 1 (0, read from the set, needs --rec or --images)")
     require(AUTO_VAL not in config.val_targets or (len(config.val_targets) == 1 and (config.rec or config.images)),
@@ -436,7 +438,7 @@ def validate(config: Config) -> None:
     except margin.MarginParameterError as error:     # names the margin's parameter; say its field
         field = margin.config_field(margin.LOSSES[config.loss][0], error.param)
         if field in MARGIN_FIELDS:
-            raise ConfigError(f"{field} = {getattr(config, field)!r}: {error}") from None
+            raise ConfigError(f"{field} = {quoted(getattr(config, field))}: {error}") from None
         raise ConfigError(f"--loss {config.loss}: {error}") from None
     require(config.synthetic_identities == 0 or config.rec, "synthetic_identities", "generation needs --rec")
     require(config.synthetic_identities in (0, config.num_classes) or config.num_classes == 0, "synthetic_identities",
@@ -444,11 +446,14 @@ def validate(config: Config) -> None:
 
 
 def _is_within(path: str, folder: str) -> bool:
-    """Whether `path` is `folder` or inside it (by name: nothing is read)."""
+    """Whether `path` is `folder` or inside it, symlinks resolved (a link to OUTPUT/model, or into OUTPUT, is
+    inside it). A model prefix names no file itself: the files PREFIX-symbol.json and PREFIX-*.params count
+    too, each of which may be a link of its own."""
     if not path or path in INIT_CENTERS:
         return False
-    path, folder = os.path.abspath(path), os.path.abspath(folder)
-    return path == folder or path.startswith(folder + os.sep)
+    folder = os.path.realpath(folder)
+    candidates = [path, *glob.glob(glob.escape(path) + "-symbol.json"), *glob.glob(glob.escape(path) + "-*.params")]
+    return any(os.path.commonpath([folder, os.path.realpath(candidate)]) == folder for candidate in candidates)
 
 
 def margin_of(config: Config, seed: "int | None" = None) -> margin.Margin:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 import symbols
-from mxnet_pfc.runtime.errors import ConfigError
+from mxnet_pfc.runtime.errors import ConfigError, quoted
 
 TEACHER_INPUT = "teacher_embedding"       # the student graph's second input: the teacher's embeddings
 PROJECTION = "distill_projection"          # the learned map's layer; its parameter is PROJECTION_WEIGHT
@@ -52,8 +52,8 @@ def read_teacher(spec: str, image_size: int) -> Teacher:
     try:
         symbol, arg_params, aux_params, source = load_model(spec)
     except ModelError as error:
-        raise ConfigError(f"teacher = {spec!r}: {error}") from None
-    where = f"teacher = {spec!r}: {source}"
+        raise ConfigError(f"teacher = {quoted(spec)}: {error}") from None
+    where = f"teacher = {quoted(spec)}: {source}"
     try:
         width = symbols.embedding_width(symbol, where)
     except ValueError as error:
@@ -64,7 +64,7 @@ def read_teacher(spec: str, image_size: int) -> Teacher:
              for name, shape in {**arg_shapes, **aux_shapes}.items()
              if name in given and tuple(given[name].shape) != shape]
     if wrong:
-        raise ConfigError(f"teacher = {spec!r}: the parameters of {source} are for another input than 3 x "
+        raise ConfigError(f"teacher = {quoted(spec)}: the parameters of {source} are for another input than 3 x "
                           f"{image_size} x {image_size} faces: {'; '.join(wrong[:3])}")
     return Teacher(symbol, arg_params, aux_params, width, source)
 

@@ -20,7 +20,8 @@ import os
 import numpy as np
 
 from mxnet_pfc.head.memory_bank import assemble_rows
-from mxnet_pfc.runtime.errors import CheckpointError, load_arrays
+from mxnet_pfc.runtime.errors import CheckpointError
+from mxnet_pfc.runtime.mxnet_files import load_arrays
 
 FILES = {"centers": "{rank}_centers.param", "momentum": "{rank}_centers_mom.param"}
 

@@ -23,6 +23,7 @@ import numpy as np
 from mxnet_pfc.data.faces import FACE_SIZE, full_batch
 from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC
 from mxnet_pfc.runtime import comm
+from mxnet_pfc.runtime.errors import quoted
 from mxnet_pfc.training import distill
 
 log = logging.getLogger(__name__)
@@ -215,12 +216,12 @@ class PartialFCModule:
             if name not in shapes and distill.is_distillation_param(name):
                 continue        # a checkpoint of a distilled run, resumed without its teacher
             if name not in shapes or (part and not part.isdigit()):
-                raise ValueError(f"{source}: optimizer state {key!r} is not for a parameter of this network")
+                raise ValueError(f"{source}: optimizer state {quoted(key)} is not for a parameter of this network")
             if array.shape != shapes[name]:
-                raise ValueError(f"{source}: optimizer state {key!r} has shape {array.shape}, the parameter "
+                raise ValueError(f"{source}: optimizer state {quoted(key)} has shape {array.shape}, the parameter "
                                  f"{shapes[name]}")
             if array.dtype not in (np.float32, np.float16):
-                raise ValueError(f"{source}: optimizer state {key!r} is {np.dtype(array.dtype).name}, not float")
+                raise ValueError(f"{source}: optimizer state {quoted(key)} is {np.dtype(array.dtype).name}, not float")
             grouped.setdefault(names.index(name), {})[int(part) if part else -1] = array
         missing = [name for index, name in enumerate(names)      # a new projection's state starts afresh
                    if index not in grouped and not distill.is_distillation_param(name)]

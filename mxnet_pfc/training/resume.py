@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 import symbols
+from mxnet_pfc.runtime.errors import quoted, short
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint, distill
 from mxnet_pfc.training import config as config_lib
@@ -78,10 +79,10 @@ def starting_point_notes(state: dict, cfg) -> "tuple[str, ...]":
     for name in ("pretrained", "init_centers"):
         given, then = getattr(cfg, name), saved.get(name, getattr(defaults, name))
         if given != then and given != getattr(defaults, name):
-            notes.append(f"--{name} {given} is not used: this run started from {then or 'random'} and continues "
-                         "its checkpoint")
+            notes.append(f"--{name} {given} is not used: this run started from {short(then or 'random')} and "
+                         "continues its checkpoint")
     if saved.get("teacher", "") != cfg.teacher:
-        notes.append(f"teacher {saved.get('teacher') or '(none)'} -> {cfg.teacher or '(none)'}")
+        notes.append(f"teacher {short(saved.get('teacher') or '(none)')} -> {cfg.teacher or '(none)'}")
     return tuple(notes)
 
 
@@ -96,14 +97,14 @@ def margin_state_to_continue(state: dict, path: str, loss: str, margin) -> "tupl
     saved_loss = state["config"].get("loss")
     saved = state.get("margin_state")
     if saved_loss != loss:
-        return None, ((f"loss {saved_loss} -> {loss}: the new loss's running statistics start afresh",)
+        return None, ((f"loss {short(saved_loss)} -> {loss}: the new loss's running statistics start afresh",)
                       if fresh else ())
     if saved is None or saved == {}:
         return None, ((f"{loss}'s running statistics start afresh (the checkpoint holds none)",)
                       if fresh else ())
     try:
         if not isinstance(saved, dict):
-            raise ValueError(f"expected an object, got {saved!r}")
+            raise ValueError(f"expected an object, got {quoted(saved)}")
         margin.load_state(saved)
     except ValueError as error:
         raise CheckpointError(f"{path}/state.json: field 'margin_state' is damaged: {error}") from None
@@ -121,17 +122,17 @@ def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_ep
     if saved_seed != seed:
         if within:
             raise CheckpointError(
-                f"--seed {seed}: checkpoint {path} was trained with --seed {saved_seed}, {within} steps into an "
+                f"--seed {seed}: checkpoint {path} was trained with --seed {short(saved_seed)}, {within} steps into an "
                 f"epoch; the seed orders the images of each epoch, so another one would show the rest of this "
-                f"epoch's images twice or never. Resume with --seed {saved_seed}, or from a checkpoint at the "
+                f"epoch's images twice or never. Resume with --seed {short(saved_seed)}, or from a checkpoint at the "
                 f"end of an epoch")
-        changes.append(f"seed {saved_seed} -> {seed}: the epochs from here are ordered (and negatives drawn) "
+        changes.append(f"seed {short(saved_seed)} -> {seed}: the epochs from here are ordered (and negatives drawn) "
                        f"by the new seed")
     if state["world_size"] != world:
         changes.append(f"ranks {state['world_size']} -> {world}: centers and momentum re-sharded, the averaged "
                        f"BatchNorm statistics used")
     if saved_images is not None and saved_images != num_images:
-        changes.append(f"training set {saved_images} -> {num_images} images: epoch {step // steps_per_epoch} "
+        changes.append(f"training set {short(saved_images)} -> {num_images} images: epoch {step // steps_per_epoch} "
                        f"goes on from the same share of it, in the new set's order")
     elif saved_images is None and state["steps_per_epoch"] * state["global_batch"] != steps_per_epoch * global_batch:
         changes.append(f"the training set differs ({state['steps_per_epoch']} steps of {state['global_batch']} per "
@@ -167,5 +168,5 @@ def describe(resume: Resume) -> str:
             f"rank(s)) at step {resume.step}, epoch {resume.epoch}")
     if resume.margin_state:
         line += "; the margin's running statistics continue: " + ", ".join(
-            f"{name} {value!r}" for name, value in resume.margin_state.items())
+            f"{name} {quoted(value)}" for name, value in resume.margin_state.items())
     return line + "".join(f"\n  - {change}" for change in resume.changes) if resume.changes else line

@@ -40,7 +40,8 @@ from mxnet_pfc.head.memory_bank import read_saved_rows
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.models.inference import ModelError, model_of_run_folder
 from mxnet_pfc.runtime import comm, logs, watchdog
-from mxnet_pfc.runtime.errors import CheckpointError, ConfigError, load_params
+from mxnet_pfc.runtime.errors import CheckpointError, ConfigError, quoted, short
+from mxnet_pfc.runtime.mxnet_files import load_params
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
 from mxnet_pfc.training import checkpoint, insightface_run
 from mxnet_pfc.training.config import INIT_IMPRINT, INIT_RANDOM
@@ -62,7 +63,7 @@ class Pretrained:
 
     def describe(self) -> str:
         def some(names):
-            return ", ".join(names[:6]) + (f" ... ({len(names)})" if len(names) > 6 else "")
+            return ", ".join(map(short, names[:6])) + (f" ... ({len(names)})" if len(names) > 6 else "")
         line = f"pretrained backbone: {len(self.loaded)} parameters loaded from {self.source}"
         if self.kept_random:
             line += (f"; {len(self.kept_random)} of the network's {len(self.loaded) + len(self.kept_random)} are "
@@ -100,7 +101,7 @@ def read_starting_point(cfg, rank: int, world: int, symbol: mx.sym.Symbol, subce
     centers = None
     if cfg.init_centers not in (INIT_RANDOM, INIT_IMPRINT):
         if not os.path.isdir(cfg.init_centers):
-            raise ConfigError(f"init_centers = {cfg.init_centers!r}: not {INIT_RANDOM} or {INIT_IMPRINT}, and no "
+            raise ConfigError(f"init_centers = {quoted(cfg.init_centers)}: not {INIT_RANDOM} or {INIT_IMPRINT}, and no "
                               "such folder")
         class_start, num_local = shard_range(cfg.num_classes, rank, world)
         centers = read_centers(cfg.init_centers, cfg.num_classes, cfg.embedding_size, subcenters, class_start,
@@ -116,14 +117,14 @@ def pretrained_params(spec: str) -> "tuple[dict, dict, str]":
     try:
         path = model_of_run_folder(spec) if os.path.isdir(spec) and not checkpoint.is_checkpoint(spec) else spec
     except ModelError as error:
-        raise ConfigError(f"pretrained = {spec!r}: {error}") from None
+        raise ConfigError(f"pretrained = {quoted(spec)}: {error}") from None
     if checkpoint.is_checkpoint(path):
         arg_params, aux_params = checkpoint.load_backbone(path, 0, same_world=False, average=True)
         return arg_params, aux_params, f"checkpoint {path} (rank-averaged backbone)"
     prefix, epoch = split_prefix(path)
     file = ModelFiles(prefix).params(epoch)
     if not os.path.isfile(file):
-        raise ConfigError(f"pretrained = {spec!r}: no such file {file} (give PREFIX or PREFIX,EPOCH for "
+        raise ConfigError(f"pretrained = {quoted(spec)}: no such file {short(file)} (give PREFIX or PREFIX,EPOCH for "
                           "PREFIX-EPOCH.params, a checkpoint folder or a run's output folder)")
     arg_params, aux_params = load_params(file, ConfigError)
     return arg_params, aux_params, file
@@ -137,25 +138,27 @@ def read_pretrained(spec: str, symbol: mx.sym.Symbol, data_shape: tuple) -> Pret
     wanted = {**arg_shapes, **aux_shapes}
     both = sorted(set(arg_params) & set(aux_params))
     if both:
-        raise ConfigError(f"pretrained = {spec!r}: {source} names {', '.join(both[:3])} both arg: and aux:")
+        raise ConfigError(f"pretrained = {quoted(spec)}: {source} names {', '.join(map(short, both[:3]))} both arg: "
+                          "and aux:")
     given = {**arg_params, **aux_params}
     mismatched = [f"{name} {tuple(given[name].shape)} in the file, {wanted[name]} in the network"
                   for name in sorted(set(wanted) & set(given)) if tuple(given[name].shape) != wanted[name]]
     if mismatched:
-        raise ConfigError(f"pretrained = {spec!r}: {len(mismatched)} parameter(s) of {source} do not fit the "
+        raise ConfigError(f"pretrained = {quoted(spec)}: {len(mismatched)} parameter(s) of {source} do not fit the "
                           f"network's shapes: {'; '.join(mismatched[:5])}{' ...' if len(mismatched) > 5 else ''}")
     loaded = sorted(set(wanted) & set(given))
     if not loaded:
-        raise ConfigError(f"pretrained = {spec!r}: {source} holds none of the network's parameters (the file: "
-                          f"{', '.join(sorted(given)[:4])} ...; the network: {', '.join(sorted(wanted)[:4])} ...)")
+        raise ConfigError(f"pretrained = {quoted(spec)}: {source} holds none of the network's parameters (the "
+                          f"file: {', '.join(map(short, sorted(given)[:4]))} ...; the network: "
+                          f"{', '.join(sorted(wanted)[:4])} ...)")
     not_float = [f"{name} ({np.dtype(given[name].dtype).name})" for name in loaded
                  if np.dtype(given[name].dtype).kind != "f"]
     if not_float:
-        raise ConfigError(f"pretrained = {spec!r}: parameters of {source} are not floating point: "
+        raise ConfigError(f"pretrained = {quoted(spec)}: parameters of {source} are not floating point: "
                           f"{', '.join(not_float[:5])}")
     non_finite = [name for name in loaded if not np.isfinite(given[name].asnumpy()).all()]
     if non_finite:
-        raise ConfigError(f"pretrained = {spec!r}: non-finite values (NaN or inf) in {', '.join(non_finite[:5])} "
+        raise ConfigError(f"pretrained = {quoted(spec)}: non-finite values (NaN or inf) in {', '.join(non_finite[:5])} "
                           f"of {source}")
     return Pretrained(source, {n: given[n] for n in loaded if n in arg_shapes},
                       {n: given[n] for n in loaded if n in aux_shapes}, tuple(loaded),
@@ -166,7 +169,7 @@ def read_centers(folder: str, num_classes: int, embedding_size: int, subcenters:
                  num_local: int) -> InitialCenters:
     """This rank's starting centers from `folder`: a checkpoint of this project (or a run folder's latest)
     or a run of InsightFace's MXNet Partial FC, checked against this run's classes and width."""
-    where = f"init_centers = {folder!r}"
+    where = f"init_centers = {quoted(folder)}"
     path = folder
     if not checkpoint.is_checkpoint(path) and os.path.isdir(RunFolder(path).checkpoints):
         newest = checkpoint.latest(RunFolder(path).checkpoints)
@@ -200,7 +203,7 @@ def apply_starting_point(point: StartingPoint, module, head, source, cfg, rank: 
     """
     fingerprint = zlib.crc32(point.sources().encode())
     if len({int(row[0]) for row in comm.gather_rows([float(fingerprint)])}) > 1:
-        raise ConfigError(f"the ranks started from different files (this rank: {point.sources()!r}); a run "
+        raise ConfigError(f"the ranks started from different files (this rank: {quoted(point.sources())}); a run "
                           "folder still being written? Name a checkpoint folder instead")
     with comm.fail_together("loading the starting point"):
         if point.pretrained is not None:

@@ -261,8 +261,7 @@ class Trainer:
                     self.log_progress(done, batch.epoch, loss, lr, window.close_window(plan.max_update - done))
                 paused = time.time()
                 if done % cfg.verbose == 0 and done != plan.max_update:
-                    with comm.fail_together("verification"):        # rank 0's work, agreed on
-                        self.verify(done)
+                    self.verify_keeping_steps(done)
                 if cfg.save_interval and done % cfg.save_interval == 0 and done != plan.max_update:
                     saved = self.save_checkpoint(done)
                     seeding.seed_generators(cfg.seed, self.rank, done)    # what a run resumed from here will do
@@ -319,6 +318,21 @@ class Trainer:
             return {}
         with watchdog.working("verification"):
             return self.setup.evaluation.evaluate(step, params or self.module.get_params(), self.metrics, self.best)
+
+    def verify_keeping_steps(self, step: int) -> None:
+        """The evaluation of `step` between steps (rank 0's work, agreed on). If it fails, every rank writes
+        the checkpoint of `step` first (when checkpoints are on), then stops: no training is lost to it."""
+        try:
+            with comm.fail_together("verification"):
+                self.verify(step)
+        except Exception as error:      # raised on every rank alike
+            if comm.lost_peer(error) or not self.cfg.save_interval:
+                raise
+            saved = self.save_checkpoint(step)
+            if self.rank == 0:
+                log.error(f"step {step}: the evaluation failed; the checkpoint {saved} is written (continue with "
+                          "--resume latest once the evaluation's input is fixed)")
+            raise
 
     def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
         """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""

@@ -27,9 +27,13 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("pfc_kernels.cc")
 # -Bsymbolic: calls inside the library bind to its own copy of lib_api.cc, never to
 # the one in libmxnet.so (other std::string ABI), which Horovod makes global.
-# -ffast-math lets the compiler assume no NaN or Inf; the kernels test for them
-# on the bits instead (pfc_kernels.cc, not_finite), which it cannot optimise away.
-FLAGS = ["-std=c++17", "-O3", "-ffast-math", "-march=native", "-fopenmp", "-fPIC",
+# No -ffast-math (nor -Ofast, -funsafe-math-optimizations): linking with it adds
+# crtfastmath.o, whose startup code turns on flush-to-zero and denormals-are-zero
+# for the whole process that loads the library. The two flags below change no
+# computed value; -fno-trapping-math lets GCC vectorise the branches of CurricularFace's
+# loop, and the exp loops vectorise through libmvec (pfc_kernels.cc). Measured
+# as fast as -ffast-math (docs/benchmarks.md, speed of the head).
+FLAGS = ["-std=c++17", "-O3", "-fno-math-errno", "-fno-trapping-math", "-march=native", "-fopenmp", "-fPIC",
          "-shared", "-Wl,-Bsymbolic"]
 _loaded: "bool | None" = None
 

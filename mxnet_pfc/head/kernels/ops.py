@@ -35,7 +35,8 @@ class HeadOps(ABC):
 
     Arrays are float32 NDArrays on one context (index and target int32). Each
     method says what it writes in place and what it returns; an argument it
-    does not name is only read. `index` is sorted and unique (the sampler's).
+    does not name is only read. `index` is sorted and unique (the sampler's); the fused kernels check it and
+    the targets before touching a row (a bad one: an MXNetError naming the op and the index).
     """
 
     name: str

@@ -45,6 +45,15 @@
 //
 // The math is in docs/DESIGN.md section 2 and partial_fc.py (the margin: margin.py);
 // these only fuse it.
+//
+// Every index a kernel takes is checked before any row is read or written: the
+// centers' index (sorted, unique, within weight's rows) and the targets of the
+// rows with mask != 0 (within the S columns). A bad one makes the op fail with
+// an MXNet error naming the op and the index, and leaves every buffer as it was.
+//
+// Compiled without -ffast-math (build.py): its startup code would turn on
+// flush-to-zero for the whole process. The exp loops still vectorise through
+// glibc's vector expf, declared below.
 
 #include <cmath>
 #include <cstdint>
@@ -53,6 +62,11 @@
 #include <vector>
 
 #include "mxnet/lib_api.h"
+
+// glibc's vector expf (libmvec), which <math.h> declares for the vectoriser only
+// under -ffast-math; without it the exp loops run one float at a time (4x slower).
+#pragma omp declare simd notinbranch
+extern "C" float expf(float) noexcept;
 
 // OpenBLAS's CBLAS entry (32-bit integers, as MXNet calls it); linked against
 // the libopenblas.so.0 beside libmxnet.so.
@@ -65,8 +79,8 @@ namespace {
 
 const float kEmptyLse = -1e30f;   // log-sum-exp of no column
 
-// NaN or Inf, read from the bits: -ffast-math lets the compiler fold std::isnan
-// and comparisons with NaN away, not an integer test.
+// NaN or Inf, read from the bits: an integer test, which no floating-point
+// flag lets the compiler fold away.
 inline bool not_finite(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
@@ -87,8 +101,7 @@ struct Filter {
 };
 
 // Whether a non-target cell is filtered. NaN and Inf never are, so that the loss
-// check sees them; under -ffast-math a comparison may call NaN "greater", so the
-// test is also made on the bits (not_finite), which the compiler cannot fold away.
+// check sees them (+Inf compares greater: hence the test on the bits, not_finite).
 inline bool filtered(float logit, float threshold) {
   return logit > threshold && !not_finite(logit);
 }
@@ -147,6 +160,37 @@ bool check(bool ok, const char* op, const char* what) {
   return ok;
 }
 
+// Whether index (S) is sorted, unique and within [0, rows): the rows a kernel
+// reads and writes (block_rows takes a run of consecutive indices as one block,
+// and the row updates run in parallel). One pass over S ints, before any row.
+bool check_index(const int32_t* index, int64_t S, int64_t rows, const char* op) {
+  for (int64_t k = 0; k < S; ++k) {
+    if (index[k] < 0 || index[k] >= rows) {
+      MX_ERROR_MSG << op << ": index[" << k << "] = " << index[k] << " is outside [0, " << rows
+                   << "), the rows of weight";
+      return false;
+    }
+    if (k > 0 && index[k] <= index[k - 1]) {
+      MX_ERROR_MSG << op << ": index[" << k << "] = " << index[k] << " follows index[" << k - 1 << "] = "
+                   << index[k - 1] << "; the index must be sorted and unique";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether the target of every row with mask != 0 is one of the S columns.
+bool check_targets(const int32_t* target, const float* mask, int64_t N, int64_t S, const char* op) {
+  for (int64_t i = 0; i < N; ++i) {
+    if (mask[i] != 0.0f && (target[i] < 0 || target[i] >= S)) {
+      MX_ERROR_MSG << op << ": target[" << i << "] = " << target[i] << " is outside [0, " << S
+                   << "), the columns of logits";
+      return false;
+    }
+  }
+  return true;
+}
+
 
 // ---------------------------------------------------------------- row norms
 MXReturnValue inv_norm(const std::unordered_map<std::string, std::string>& attrs,
@@ -189,7 +233,7 @@ float row_lse(float* row, const float* col_scale, int64_t skip, int64_t S, float
   float total = 0.0f;
   for (const auto& range : ranges) {
 #pragma omp simd reduction(+ : total)
-    for (int64_t j = range[0]; j < range[1]; ++j) total += std::exp(kept<kMode>(row[j], threshold, t, inv_s) - row_max);
+    for (int64_t j = range[0]; j < range[1]; ++j) total += expf(kept<kMode>(row[j], threshold, t, inv_s) - row_max);
   }
   // total is 0 only for a row with no column. A NaN or Inf logit makes it NaN: pass
   // that on (the caller stops the step), instead of letting the comparison hide it.
@@ -206,6 +250,7 @@ MXReturnValue scale_lse(const std::unordered_map<std::string, std::string>& attr
   float* lse_others = (*outputs)[0].data<float>();
   float* target_scos = (*outputs)[1].data<float>();
   const int64_t N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1];
+  if (!check_targets(target, mask, N, S, "pfc_scale_lse")) return MX_FAIL;
   const Filter filter(attrs);
   const Hard hard(attrs, *inputs, 4, attr_float(attrs, "s"));
 #pragma omp parallel for schedule(static)
@@ -239,6 +284,7 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
   const float* target_grad = (*inputs)[5].data<float>();
   float* b = (*outputs)[0].data<float>();
   const int64_t N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1];
+  if (!check_targets(target, mask, N, S, "pfc_softmax_grad")) return MX_FAIL;
   const float s = attr_float(attrs, "s"), inv_s = 1.0f / s;
   const float factor = s * attr_float(attrs, "inv_n");
   const Filter filter(attrs);
@@ -271,7 +317,7 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
           const bool is_hard = filtered(logit, th);
           const float value = is_hard ? logit * (ht + logit * inv_s_h) : logit;
           const float slope = is_hard ? ht + 2.0f * logit * inv_s_h : 1.0f;
-          const float grad = std::exp(value - shift) * scale[j - j0] * slope;
+          const float grad = expf(value - shift) * scale[j - j0] * slope;
           acc[j - j0] += grad * logit;
           row[j] = grad;
         }
@@ -281,7 +327,7 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
           const float logit = row[j];
           // a filtered cell entered the softmax as a constant 0: no gradient
           const float grad = filter.on && filtered(logit, filter.threshold) ? 0.0f
-                                                                             : std::exp(logit - shift) * scale[j - j0];
+                                                                             : expf(logit - shift) * scale[j - j0];
           acc[j - j0] += grad * logit;
           row[j] = grad;
         }
@@ -298,7 +344,7 @@ MXReturnValue softmax_grad(const std::unordered_map<std::string, std::string>& a
 
 // --------------------------------------------------------------- SGD rows
 // Inputs: weight (R, D) [mutated], mom (R, D) [mutated], grad (S, D) =
-// sum_i g_ij xh_i, coef (S), index (S) int32. Attrs: lr, momentum, wd.
+// sum_i g_ij xh_i, coef (S), index (S) int32 sorted. Attrs: lr, momentum, wd.
 // For row r = index[k]: g = grad[k] - coef[k] * weight[r];
 // mom[r] = momentum * mom[r] - lr * (g + wd * weight[r]); weight[r] += mom[r].
 MXReturnValue sgd_rows(const std::unordered_map<std::string, std::string>& attrs,
@@ -310,6 +356,7 @@ MXReturnValue sgd_rows(const std::unordered_map<std::string, std::string>& attrs
   const float* coef = (*inputs)[3].data<float>();
   const int32_t* index = (*inputs)[4].data<int32_t>();
   const int64_t S = (*inputs)[2].shape[0], D = (*inputs)[2].shape[1];
+  if (!check_index(index, S, (*inputs)[0].shape[0], "pfc_sgd_rows")) return MX_FAIL;
   const Sgd sgd(attrs);
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < S; ++k) {
@@ -327,7 +374,7 @@ constexpr int64_t kBlockRows = 256;   // centers per block: 256 x D floats (D = 
 
 // The rows index[k0..k1) of weight as one (k1 - k0, D) matrix: the bank's own rows
 // when the indices are consecutive (every center, or a run of them), else gathered
-// into buffer. index is sorted and unique.
+// into buffer. index is sorted and unique (check_index).
 const float* block_rows(const float* weight, const int32_t* index, int64_t k0, int64_t k1, int64_t D,
                         float* buffer) {
   if (index[k1 - 1] - index[k0] == k1 - 1 - k0) return weight + static_cast<int64_t>(index[k0]) * D;
@@ -347,6 +394,7 @@ MXReturnValue logits(const std::unordered_map<std::string, std::string>& attrs,
   float* out = (*outputs)[0].data<float>();
   float* inv_norm = (*outputs)[1].data<float>();
   const int64_t N = (*inputs)[0].shape[0], D = (*inputs)[0].shape[1], S = (*inputs)[2].shape[0];
+  if (!check_index(index, S, (*inputs)[1].shape[0], "pfc_logits")) return MX_FAIL;
   std::vector<float> buffer(kBlockRows * D);
   for (int64_t k0 = 0; k0 < S; k0 += kBlockRows) {
     const int64_t k1 = k0 + kBlockRows < S ? k0 + kBlockRows : S;
@@ -373,6 +421,7 @@ MXReturnValue center_step(const std::unordered_map<std::string, std::string>& at
   float* mom = (*inputs)[5].data<float>();
   float* grad_xh = (*outputs)[0].data<float>();
   const int64_t N = (*inputs)[1].shape[0], D = (*inputs)[1].shape[1], S = (*inputs)[3].shape[0];
+  if (!check_index(index, S, (*inputs)[4].shape[0], "pfc_center_step")) return MX_FAIL;
   const Sgd sgd(attrs);
   std::vector<float> buffer(kBlockRows * D), center_grad(kBlockRows * D);
   std::memset(grad_xh, 0, N * D * sizeof(float));
