@@ -302,7 +302,7 @@ def test_config_sh_starts_the_trainer_with_the_rank_environment(tmp_path):
     (site / "mxnet_pfc" / "runtime").mkdir(parents=True)
     (site / "mxnet_pfc" / "__init__.py").write_text("")
     (site / "mxnet_pfc" / "runtime" / "__init__.py").write_text("")
-    for module in ("rank.py", "slurm.py"):        # rank.py and the one module it imports (stdlib only)
+    for module in ("rank.py", "slurm.py", "errors.py"):    # rank.py and what it imports (stdlib beneath)
         (site / "mxnet_pfc" / "runtime" / module).write_bytes((REPO / "mxnet_pfc" / "runtime" / module).read_bytes())
     (site / "mxnet_pfc" / "train.py").write_text(
         "import os, sys\nprint('ARGS=' + ' '.join(sys.argv[1:]))\n"
