@@ -5,10 +5,13 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup test lint run run-head bench bench-losses bench-train bench-finetune clean-venv
+.PHONY: setup doctor test lint run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
+
+doctor: setup                ## what this machine will run: MXNet's build, the GPUs, Horovod, CPU or GPU (ARGS="--rec SET")
+	$(PY) -m mxnet_pfc.doctor $(ARGS)
 
 test: setup                  ## the lint, then the whole test suite (what .ci/run calls)
 	$(VENV)/bin/ruff check .
@@ -35,8 +38,14 @@ bench-train: setup           ## the trainer's step beside its parts alone (backb
 	OMP_NUM_THREADS=1 MXNET_OMP_MAX_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
 		$(PY) benchmarks/bench_train.py --json benchmarks/results/train.jsonl $(ARGS)
 
-bench-finetune: setup        ## fine-tuning a trained model on another synthetic set, and a 64-d student distilled from it (docs/starting-points.md)
+bench-memory: setup          ## peak host memory per rank over a whole run and its resume, phase by phase (10^6 classes x 512, 2 ranks; docs/benchmarks.md)
+	$(PY) benchmarks/bench_memory.py --np $(NP) --json benchmarks/results/memory.jsonl $(ARGS)
+
+bench-finetune: setup        ## fine-tuning a trained model on another synthetic set, and a 64-d student distilled from it (docs/benchmarks.md)
 	NP=$(NP) bash benchmarks/fine_tune.sh $(ARGS)
+
+bench-data: setup            ## a 1M-record set and a 200k-image folder, built once (about 6 GB, 5 minutes): start-up, shuffle, resume, decoding, data.check, data.pack (docs/benchmarks.md)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_data.py $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

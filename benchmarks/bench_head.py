@@ -67,7 +67,7 @@ from tqdm import tqdm
 
 from mxnet_pfc import PartialFC
 from mxnet_pfc.head import margin, partial_fc
-from mxnet_pfc.plan import head_memory
+from mxnet_pfc.head.memory_model import head_memory
 from mxnet_pfc.runtime import comm, seeding
 from timing import append_json, synced
 

@@ -55,8 +55,8 @@ fi
 .venv/bin/python -m mxnet_pfc.verify "$OUT/a" "$OUT/data-b/val.bin" --json "$OUT/a-on-b.json" \
     > "$OUT/a-on-b.log" 2>&1 || echo "verify of A on B failed: $OUT/a-on-b.log"
 
-on_b=(--dataset synthetic --rec "$OUT/data-b/train.rec" --val_targets "$OUT/data-b/val.bin" --val_at_start true
-      --frequent 1 --verbose 1000 --max_update "$STEPS" --seed "$SEED" "$@")
+on_b=(--recipe synthetic-toy --dataset synthetic --rec "$OUT/data-b/train.rec" --val_targets "$OUT/data-b/val.bin"
+      --val_at_start true --frequent 1 --verbose 1000 --max_update "$STEPS" --seed "$SEED" "$@")
 train scratch "${on_b[@]}"
 train pretrained "${on_b[@]}" --pretrained "$OUT/a"
 train imprint "${on_b[@]}" --pretrained "$OUT/a" --init_centers imprint

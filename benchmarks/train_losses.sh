@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The table "Training the synthetic default" of docs/losses.md: the synthetic default of `make run`
+# The table "Each loss trained on the synthetic default" of docs/benchmarks.md: the synthetic default of `make run`
 # (500 identities x 32 images, r18-lite, global batch 64, 250 steps) trained through config.sh on NP = 2
 # local ranks once per loss, one run after another, each loss at its published parameters. The losses are
 # those of mxnet_pfc.head.margin.LOSSES but the combined-margin ones (a loss added there joins by itself),

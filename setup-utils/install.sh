@@ -19,10 +19,11 @@
 #
 # GPUs: the MXNet 1.9.1 CUDA wheels hold machine code for compute capability 5.0
 # to 8.6 (sm_50, 60, 70, 80, 86) and no PTX, and load CUDA 11 libraries they do
-# not bundle. With GPUs of capability <= 8.6 this installs mxnet-cu112 and the
+# not bundle (mxnet_pfc/runtime/mxnet_wheel_gpus.txt; a GPU runs code built for an earlier minor version of
+# its major one, so 8.9 takes sm_86). With GPUs they run on this installs mxnet-cu112 and the
 # libraries of requirements-gpu.txt (config.sh puts them on LD_LIBRARY_PATH), and
 # builds Horovod with CUDA and NCCL when a CUDA 11 toolkit (nvcc) is found. A GPU
-# above 8.6 (H100, H200: 9.0) has no kernels in those wheels: the CPU wheel is
+# of 9.0 or later (H100, H200, B200) has no kernels in those wheels: the CPU wheel is
 # installed instead, and the trainer runs on the CPU (see gpu_plan).
 set -euo pipefail
 
@@ -32,7 +33,12 @@ PYTHON="${PYTHON:-python3.11}"
 STAMP="$VENV/.mxnet-pfc-installed"
 REQS="$REPO/requirements.txt"
 GPU_REQS="$REPO/requirements-gpu.txt"
-MAX_CC="8.6"        # the highest compute capability the MXNet 1.9.1 CUDA wheels have kernels for
+# The GPU architectures the MXNet 1.9.1 CUDA wheels have kernels for (one home: this file, which
+# mxnet_pfc/runtime/device.py reads too), and the highest of them as MAJOR.MINOR.
+WHEEL_GPUS="$REPO/mxnet_pfc/runtime/mxnet_wheel_gpus.txt"
+WHEEL_ARCHS="$(sed -n 's/^architectures=//p' "$WHEEL_GPUS")"
+[[ "$WHEEL_ARCHS" =~ ^sm_[0-9]+( sm_[0-9]+)*$ ]] || { echo "[setup] $WHEEL_GPUS: no architectures=sm_XY ... line" >&2; exit 1; }
+MAX_CC="${WHEEL_ARCHS##*sm_}"; MAX_CC="${MAX_CC:0:-1}.${MAX_CC: -1}"
 CPU_WHEEL="mxnet==1.9.1"
 GPU_WHEEL="mxnet-cu112==1.9.1"
 
@@ -59,7 +65,7 @@ gpu_plan() {
                 name="${line%,*}"; cc="$(echo "${line##*,}" | tr -d '[:space:]')"
                 if [[ "$cc" =~ ^[0-9]+\.[0-9]+$ ]]; then
                     echo "[setup] GPU: $name, compute capability $cc"
-                    if cc_above_max "$cc"; then unsupported+=("$name (compute capability $cc)"); fi
+                    if ! wheel_runs_on "$cc"; then unsupported+=("$name (compute capability $cc)"); fi
                 else
                     echo "[setup] GPU: $name, compute capability unknown ('$cc'): not checked"
                 fi
@@ -74,9 +80,9 @@ gpu_plan() {
         local joined
         joined="$(printf '%s, ' "${unsupported[@]}")"
         echo "[setup] no MXNet kernels for ${joined%, }: the MXNet 1.9.1 CUDA wheels carry machine code" \
-             "for compute capability 5.0-$MAX_CC only (sm_50, 60, 70, 80, 86) and no PTX. Training on this GPU needs" \
-             "MXNet built from source with CUDA 11.8+ or 12 for its architecture (sm_90 for 9.0), or a GPU of" \
-             "compute capability $MAX_CC or lower."
+             "for compute capability 5.0-$MAX_CC only ($WHEEL_ARCHS) and no PTX. Training on this GPU needs" \
+             "NVIDIA's MXNet containers (NGC), or MXNet built from source with CUDA 11.8+ or 12 for its architecture" \
+             "(sm_90 for 9.0), or a GPU of compute capability 5.0 to 8.x."
         if [ -z "$user_package" ]; then
             echo "[setup] installing the CPU wheel ($CPU_WHEEL) instead: the trainer will run on the CPU." \
                  "Set MXNET_PACKAGE=... to install another wheel (e.g. your own build)."
@@ -130,10 +136,16 @@ gpu_plan() {
     fi
 }
 
-# Whether compute capability $1 (major.minor) is above MAX_CC.
-cc_above_max() {
-    local major="${1%%.*}" minor="${1#*.}" max_major="${MAX_CC%%.*}" max_minor="${MAX_CC#*.}"
-    (( major > max_major || (major == max_major && minor > max_minor) ))
+# Whether the wheels' kernels run on a GPU of compute capability $1 (MAJOR.MINOR): CUDA runs machine code
+# built for sm_XY on a GPU of X.Z when Y <= Z, same major only; the wheels carry no PTX to compile for others.
+# mxnet_pfc/runtime/device.py's wheel_runs_on is the same rule (tests/test_doctor.py compares them).
+wheel_runs_on() {
+    local major="${1%%.*}" minor="${1#*.}" arch
+    for arch in $WHEEL_ARCHS; do
+        arch="${arch#sm_}"
+        if (( ${arch:0:-1} == major && ${arch: -1} <= minor )); then return 0; fi
+    done
+    return 1
 }
 
 # The CUDA compiler to build Horovod with: HOROVOD_NVCC (a path, or "none"), else nvcc on PATH,

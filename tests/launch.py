@@ -65,9 +65,14 @@ def config_sh(*args, ranks: int = 2) -> list:
     return [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", "bash", "config.sh", "--", *args]
 
 
+# The test runs' settings: the synthetic default's CPU-sized recipe (r18-lite, cosface-small, batch 32, ...),
+# named, since a --rec or --images set otherwise trains with the real recipe (config.RECIPE_FOR_OWN_DATA).
+TOY = ("--recipe", "synthetic-toy")
+
+
 def tiny_synthetic_run(data, output, *extra) -> list:
     """Trainer options for a seconds-long run on a tiny generated set (40 identities x 8 images)."""
-    return ["--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
+    return [*TOY, "--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
             "--num_classes", 40, "--synthetic_identities", 40, "--synthetic_images_per_identity", 8,
             "--synthetic_val_pairs", 100, "--batch_size", 8, "--lr_base_batch", 16, "--warmup_epochs", 0.1,
             "--output", output, *extra]
@@ -77,7 +82,7 @@ def small_synthetic_run(tmp, *extra) -> list:
     """Trainer options for a run that learns in about 40 s: 120 steps on a generated set of 100 identities x 24
     images (data in tmp/data, output tmp/run), verified at the start and the end."""
     data = tmp / "data"
-    return ["--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
+    return [*TOY, "--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
             "--num_classes", 100, "--synthetic_identities", 100, "--synthetic_images_per_identity", 24,
             "--synthetic_val_pairs", 400, "--lr_base_batch", 32, "--max_update", 120,
             "--warmup_epochs", 0.1, "--frequent", 20, "--verbose", 1000, "--val_at_start", "true",
@@ -87,7 +92,7 @@ def small_synthetic_run(tmp, *extra) -> list:
 def own_set_run(data, output, *extra) -> list:
     """Trainer options for a seconds-long run on a set read as a user's own (conftest.set_b: nothing is
     generated), logging every step and verifying on its val.bin at the end only."""
-    return ["--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
+    return [*TOY, "--dataset", "synthetic", "--rec", data / "train.rec", "--val_targets", data / "val.bin",
             "--batch_size", 16, "--lr_base_batch", 32, "--warmup_epochs", 0.1, "--frequent", 1, "--verbose", 1000,
             "--output", output, *extra]
 

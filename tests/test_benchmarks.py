@@ -1,8 +1,10 @@
 """The benchmark scripts run and print their figures (small sizes; the figures themselves are not tested)."""
 import json
 import re
+import subprocess
+import sys
 
-from launch import run_ranks
+from launch import REPO, run_ranks
 from mxnet_pfc.head.margin import LOSSES
 
 
@@ -42,3 +44,20 @@ def test_bench_head_times_every_loss_beside_arcface(tmp_path):
     # its collective is timed in its head, and absent from ArcFace's
     assert curricular["loss_parts_ms"]["hard_negatives"] > 0
     assert curricular["versus_parts_ms"]["hard_negatives"] == 0
+
+
+def test_bench_memory_finds_every_phase_of_a_run_and_its_resume(tmp_path):
+    """bench_memory.py follows each rank through a run's phases (from its log lines) to a peak per phase."""
+    out = tmp_path / "memory.jsonl"
+    options = ["--num-classes", 2000, "--embedding-size", 64, "--network", "r18-lite", "--batch-size", 4,
+               "--steps", 4, "--save-at", 2,
+               "--output", tmp_path / "run", "--json", out, "--timeout", 240]
+    proc = subprocess.run([sys.executable, "benchmarks/bench_memory.py", *map(str, options)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "x training's high-water mark" in proc.stdout
+    peaks = json.loads(out.read_text())["peak_bytes"]
+    assert set(peaks) == {"0", "1"}
+    for rank in peaks.values():
+        assert set(rank) == {"start-up", "training", "first checkpoint", "the end", "resume start-up"}
+        assert all(value > 50e6 for value in rank.values())       # a trainer's process, read every phase

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch import config_sh, finish_command, rank_stop_line, run_command, start_command, wait_until
+from launch import TOY, config_sh, finish_command, rank_stop_line, run_command, start_command, wait_until
 from mxnet_pfc.data import folders, synthetic_set
 from mxnet_pfc.data.faces import ImageError, read_file
 from mxnet_pfc.data.records import open_records
@@ -70,7 +70,7 @@ def test_header_claiming_a_billion_images_is_refused_before_allocating(tmp_path)
             f"64 identities), but {data / 'train.idx'} lists 41") in proc.stdout, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout and "MemoryError" not in proc.stdout
     # training: every rank refuses the set, naming both numbers, and the job ends
-    run = run_command(config_sh("--rec", data / "train.rec", "--val_targets", "", "--batch_size", 4,
+    run = run_command(config_sh(*TOY, "--rec", data / "train.rec", "--val_targets", "", "--batch_size", 4,
                                 "--max_update", 2, "--output", tmp_path / "run"), timeout=120)
     assert run.returncode != 0
     for rank in (0, 1):
@@ -148,7 +148,7 @@ def test_training_relists_a_tampered_index_and_reads_only_under_root(tmp_path):
     elsewhere = write_faces(tmp_path / "elsewhere", 1, 1)
     os.mkfifo(tmp_path / "elsewhere" / "blocks.jpg")
     run = tmp_path / "run"
-    args = ("--images", root, "--batch_size", 4, "--frequent", 1, "--val_targets", "", "--output", run)
+    args = (*TOY, "--images", root, "--batch_size", 4, "--frequent", 1, "--val_targets", "", "--output", run)
     proc = run_command(config_sh(*args, "--max_update", 2), timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
     index_path = Path(RunFolder(str(run)).images_index)
@@ -166,7 +166,7 @@ def test_training_from_a_folder_name_that_is_not_utf8(tmp_path):
     root = write_faces(tmp_path / "faces", 4, 4, names=["a", NOT_UTF8, "p", "q"])
     os.mkfifo(root / NOT_UTF8 / "zz.jpg")             # skipped, and named in a warning
     run = tmp_path / "run"
-    proc = run_command(config_sh("--images", root, "--batch_size", 4, "--max_update", 4, "--val_targets", "",
+    proc = run_command(config_sh(*TOY, "--images", root, "--batch_size", 4, "--max_update", 4, "--val_targets", "",
                                  "--output", run), timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"{root}/caf\\xe9/zz.jpg (a FIFO)" in proc.stdout and "Logging error" not in proc.stdout, proc.stdout
@@ -210,7 +210,7 @@ def test_training_from_a_folder_with_a_fifo_and_symlinks_out_of_root(tmp_path):
     """Under horovodrun, each rank skips what is not a regular file under ROOT (the FIFO used to
     block a rank forever, which hung the job): the run trains two epochs and ends."""
     root, skipped = hostile_folder(tmp_path)
-    proc = run_command(config_sh("--images", root, "--batch_size", 4, "--max_update", 20, "--val_targets", "",
+    proc = run_command(config_sh(*TOY, "--images", root, "--batch_size", 4, "--max_update", 20, "--val_targets", "",
                                  "--output", tmp_path / "run"), timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"listed {root}: 81 images of 20 identities" in proc.stdout and "step 20/20" in proc.stdout

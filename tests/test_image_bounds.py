@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import pytest
 
-from launch import config_sh, finish_command, rank_stop_line, run_command, start_command, wait_until
+from launch import TOY, config_sh, finish_command, rank_stop_line, run_command, start_command, wait_until
 from mxnet_pfc import ijb
 from mxnet_pfc.data import faces
 from mxnet_pfc.data.records import RecordWriter
@@ -182,7 +182,7 @@ def record_set(folder, payload: bytes, identities: int = 2, per_identity: int = 
 def test_training_stops_on_a_huge_record_naming_it_on_every_rank(tmp_path):
     data = tmp_path / "data"
     record_set(data, png_claiming(HUGE, HUGE))          # 16 images: the first step of 2 x 8 reads them all
-    proc = run_command(limited(config_sh("--rec", data / "train.rec", "--val_targets", "", "--batch_size", 8,
+    proc = run_command(limited(config_sh(*TOY, "--rec", data / "train.rec", "--val_targets", "", "--batch_size", 8,
                                          "--max_update", 3, "--output", tmp_path / "run"), TRAINER_KB), timeout=240)
     assert proc.returncode != 0
     for rank in (0, 1):

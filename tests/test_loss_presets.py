@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from launch import ckpt, config_sh, final_summary, run_command, tiny_synthetic_run
+from launch import TOY, ckpt, config_sh, final_summary, run_command, tiny_synthetic_run
 from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.head import margin
 from mxnet_pfc.training import checkpoint
@@ -158,13 +158,13 @@ def test_every_loss_learns_through_config_sh_on_2_ranks(learning_set, tmp_path, 
       magface 0.925 0.945 0.890          subcenter-arcface 0.805 0.830 0.830 (seeds 3-5: 0.890 0.840 0.805)
     At the published s = 64, seed 0, the others stay near the untrained network or below it: adaface 0.750,
     elasticface-arc 0.795, -arc+ 0.685, -cos 0.645, -cos+ 0.835, magface 0.670, subcenter-arcface 0.595;
-    hence s = 32 for them. The full synthetic default at s = 64 is in docs/losses.md
-    ("Training the synthetic default"; benchmarks/train_losses.sh)."""
+    hence s = 32 for them. The full synthetic default at s = 64 is in docs/benchmarks.md
+    ("Each loss trained on the synthetic default"; benchmarks/train_losses.sh)."""
     identities, images, pairs = LEARNING_SET
     scale = () if loss in PUBLISHED_S else ("--margin_s", 32)
     output, written = tmp_path / "run", (learning_set / "COMPLETE").stat().st_mtime_ns
     proc = run_command(config_sh(
-        "--dataset", "synthetic", "--rec", learning_set / "train.rec", "--val_targets", learning_set / "val.bin",
+        *TOY, "--dataset", "synthetic", "--rec", learning_set / "train.rec", "--val_targets", learning_set / "val.bin",
         "--num_classes", identities, "--synthetic_identities", identities, "--synthetic_images_per_identity", images,
         "--synthetic_val_pairs", pairs, *LEARNING_RUN, "--loss", loss, *scale, "--output", output), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch import config_sh, rank_stop_line, run_command
+from launch import TOY, config_sh, rank_stop_line, run_command
 from mxnet_pfc.data import folders, synthetic_set
 from mxnet_pfc.data.faces import ImageError, decode_face
 from mxnet_pfc.data.iterators import FolderIter, RecordIter, epoch_order
@@ -44,7 +44,7 @@ def faces(tmp_path_factory):
 
 def test_folder_trains_through_config_sh_and_its_index_is_reused(faces, tmp_path):
     run = tmp_path / "run"
-    args = ("--images", faces, "--batch_size", 8, "--frequent", 1, "--output", run)
+    args = (*TOY, "--images", faces, "--batch_size", 8, "--frequent", 1, "--output", run)
     proc = run_command(config_sh(*args, "--max_update", 3), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert f"num_classes = {IDENTITIES}, read from the set" in proc.stdout and "step 3/3" in proc.stdout
@@ -68,8 +68,8 @@ def test_damaged_jpeg_in_a_folder_stops_every_rank_naming_the_file(faces, tmp_pa
     with pytest.raises(ImageError):
         decode_face(bad, "bad")
     path.write_bytes(bad)
-    proc = run_command(config_sh("--images", root, "--batch_size", 8, "--max_update", 3, "--output", tmp_path / "run"),
-                       timeout=240)
+    proc = run_command(config_sh(*TOY, "--images", root, "--batch_size", 8, "--max_update", 3,
+                                 "--output", tmp_path / "run"), timeout=240)
     assert proc.returncode != 0
     for rank in (0, 1):
         line = rank_stop_line(proc.stdout, rank)

@@ -8,7 +8,7 @@ import pytest
 
 from launch import REPO, rank_env
 from mxnet_pfc import CombinedMarginLoss, PartialFC
-from mxnet_pfc.plan import GIB, fits, head_memory, largest_batch, largest_rate
+from mxnet_pfc.head.memory_model import GIB, fits, head_memory, largest_batch, largest_rate
 
 
 @pytest.mark.parametrize("rate", [0.1, 1.0])

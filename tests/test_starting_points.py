@@ -145,8 +145,8 @@ def test_each_starting_point_that_does_not_fit_is_named(reference, set_b, tmp_pa
     reading, naming it."""
     _, run_a = reference
     for case, (fields, expected) in bad_starting_points(tmp_path, run_a).items():
-        cfg = config_lib.make_config({"dataset": "synthetic", "rec": str(set_b / "train.rec"), "num_classes": 40,
-                                      **fields})
+        cfg = config_lib.make_config({"dataset": "synthetic", "recipe": "synthetic-toy",
+                                      "rec": str(set_b / "train.rec"), "num_classes": 40, **fields})
         symbol = symbols.get_symbol(cfg.network, cfg.embedding_size)
         with pytest.raises((ConfigError, CheckpointError)) as refused:
             starting_point.read_starting_point(cfg, 0, 2, symbol, 1)

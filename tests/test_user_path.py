@@ -16,6 +16,7 @@ import pytest
 from launch import (
     REFERENCE_RUN,
     REPO,
+    TOY,
     ckpt,
     config_sh,
     finish_command,
@@ -59,7 +60,7 @@ def test_own_set_with_the_default_preset_is_read_never_written(tmp_path):
     rec = write_users_set(mine, identities=500, images_per_identity=2)
     before = digests(mine)
     run = tmp_path / "run"
-    proc = run_command(config_sh("--rec", rec, "--num_classes", 500, "--max_update", 3, "--frequent", 1,
+    proc = run_command(config_sh(*TOY, "--rec", rec, "--num_classes", 500, "--max_update", 3, "--frequent", 1,
                                  "--batch_size", 8, "--output", run), timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert digests(mine) == before                      # not a byte written, nothing added
@@ -68,7 +69,7 @@ def test_own_set_with_the_default_preset_is_read_never_written(tmp_path):
     assert "generating the synthetic set" not in proc.stdout and "step 3/3" in proc.stdout
 
     # Without --num_classes the count is read from the set (its property file), still not written to.
-    proc = run_command(config_sh("--rec", rec, "--max_update", 1, "--batch_size", 8, "--output", tmp_path / "b"),
+    proc = run_command(config_sh(*TOY, "--rec", rec, "--max_update", 1, "--batch_size", 8, "--output", tmp_path / "b"),
                        timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "num_classes = 500, read from the set" in proc.stdout

@@ -44,7 +44,7 @@ def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]"
                   progress: bool = True) -> "tuple[int, list[str]]":
     """(image records read, problems found); a set that cannot be opened at all raises DataError."""
     reader, records = open_records(rec_path)
-    keys = [int(k) for k in records.image_records]
+    keys = records.image_records           # an array: a chunk at a time becomes Python ints
     problems = []
     try:
         check_identity_count(records, num_classes)
@@ -57,14 +57,14 @@ def check_records(rec_path: str, num_classes: int, image_size: "tuple[int, int]"
         with tqdm(total=len(keys), desc="records", unit="img", disable=not progress, file=sys.stderr,
                   mininterval=2) as bar:
             for start in range(0, len(keys), chunk):
-                part = keys[start:start + chunk]
+                part = keys[start:start + chunk].tolist()
                 raws = []
                 for key in part:
                     try:
                         raws.append((key, read_record(reader, key, rec_path)))
                     except DataError as error:
                         problems.append(str(error))
-                found = pool.map(lambda item: _decode_problem(*item, reader.idx[item[0]], rec_path, num_classes,
+                found = pool.map(lambda item: _decode_problem(*item, reader.offset(item[0]), rec_path, num_classes,
                                                               image_size), raws)
                 problems.extend(p for p in found if p)
                 bar.update(len(part))

@@ -48,25 +48,53 @@ MAX_INDEX_BYTES = 64 << 30     # the listing of 42M images is a few GB of JSON
 
 @dataclass(frozen=True)
 class FolderIndex:
-    """The images of ROOT in class order: a source for iterators.ShardedIter."""
+    """The images of ROOT in class order: a source for iterators.ShardedIter.
+
+    Image i is ROOT/identities[labels[i]]/<its file name>. The file names are held as one
+    byte string and their ends (a few bytes an image beside the name itself), not a Python
+    string each: a set of 42M images keeps its index in a few hundred MB.
+    """
     root: str
     identities: "list[str]"           # class id -> folder name
-    paths: "list[str]"                # image i, relative to root
+    names: np.ndarray                 # uint8: every image's file name (os.fsencode), one after the other
+    name_ends: np.ndarray             # int64: image i's name ends at name_ends[i] (and starts at name_ends[i - 1])
     labels: np.ndarray                # image i -> class id
+
+    @classmethod
+    def of(cls, root: str, listing: "list[tuple[str, list[str]]]") -> "FolderIndex":
+        """The index of [(identity folder name, its image file names in order)], in that order."""
+        encoded = [os.fsencode(name) for _, files in listing for name in files]
+        ends = np.cumsum([len(name) for name in encoded], dtype=np.int64)
+        labels = np.repeat(np.arange(len(listing), dtype=np.int32), [len(files) for _, files in listing])
+        return cls(root, [name for name, _ in listing], np.frombuffer(b"".join(encoded), dtype=np.uint8), ends, labels)
 
     @property
     def num_classes(self) -> int:
         return len(self.identities)
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.name_ends)
+
+    def name(self, i: int) -> str:
+        """Image i's file name."""
+        start = int(self.name_ends[i - 1]) if i else 0
+        return os.fsdecode(self.names[start:int(self.name_ends[i])].tobytes())
+
+    def path(self, i: int) -> str:
+        """Image i's path, relative to root."""
+        return os.path.join(self.identities[self.labels[i]], self.name(i))
+
+    @property
+    def paths(self) -> "list[str]":
+        """Every image's path relative to root, as a list (a Python string each: for small sets)."""
+        return [self.path(i) for i in range(len(self))]
 
     @functools.cached_property
     def real_root(self) -> str:
         return os.path.realpath(self.root)
 
     def read(self, i: int) -> "tuple[bytes, float, str]":
-        path = os.path.join(self.root, self.paths[i])
+        path = os.path.join(self.root, self.path(i))
         if not inside(self.real_root, path):
             raise DataError(f"{printable(path)} leads to {printable(os.path.realpath(path))}, outside "
                             f"{printable(self.root)}: only files under the image folder are read")
@@ -169,11 +197,7 @@ def fingerprint(folders: "list[tuple[str, int, bool]]") -> str:
 def scan(root: str) -> FolderIndex:
     """List ROOT: identity folders with images (sorted), images sorted within each."""
     identities = list_identities(root)
-    paths, labels = [], []
-    for class_id, (name, images) in enumerate(identities):
-        paths += [os.path.join(name, os.path.basename(path)) for path in images]
-        labels += [class_id] * len(images)
-    return FolderIndex(root, [name for name, _ in identities], paths, np.array(labels, dtype=np.int64))
+    return FolderIndex.of(root, [(name, [os.path.basename(path) for path in images]) for name, images in identities])
 
 
 def plain_name(name) -> bool:
@@ -217,11 +241,9 @@ def load_index(root: str, output: str, write: bool) -> FolderIndex:
             and saved.get("fingerprint") == current and saved.get("suffixes") == list(IMAGE_SUFFIXES):
         problem = index_problem(saved, {name for name, _, under in folders if under})
         if not problem:
-            names, files = saved["identities"], saved["files"]
-            paths = [os.path.join(name, f) for name, images in zip(names, files) for f in images]
-            labels = np.repeat(np.arange(len(names), dtype=np.int64), [len(images) for images in files])
-            log.info(f"images: {len(paths)} images of {len(names)} identities in {root}, from the index {path}")
-            return FolderIndex(root, names, paths, labels)
+            index = FolderIndex.of(root, list(zip(saved["identities"], saved["files"])))
+            log.info(f"images: {len(index)} images of {index.num_classes} identities in {root}, from the index {path}")
+            return index
         log.warning(f"images: {path} is not used: {problem}; listing {root} again")
     elif saved:
         log.info(f"images: {root} changed since {path} was written (or it indexes another folder): listing it again")
@@ -230,8 +252,8 @@ def load_index(root: str, output: str, write: bool) -> FolderIndex:
              + (f", index written to {path}" if write else ""))
     if write:
         files = [[] for _ in index.identities]
-        for relative, label in zip(index.paths, index.labels):
-            files[label].append(os.path.basename(relative))
+        for i, label in enumerate(index.labels.tolist()):
+            files[label].append(index.name(i))
         os.makedirs(output, exist_ok=True)
         write_json(path, {"version": INDEX_VERSION, "root": root, "fingerprint": current, "suffixes": IMAGE_SUFFIXES,
                           "identities": index.identities, "files": files}, indent=None)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import struct
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mxnet as mx
@@ -30,7 +32,7 @@ class DataError(PfcError, ValueError):
 class RecordSet:
     rec_path: str
     idx_path: str
-    image_records: np.ndarray      # record indices of images, in file order
+    image_records: np.ndarray      # record numbers of images, in file order (uint32: 4 bytes an image)
     num_identities: int | None     # from the header's identity records; None without a header
 
 
@@ -57,12 +59,23 @@ def check_class_count(num_classes: int, source: str) -> None:
                         "be read correctly (split it, or train from an image folder with --images)")
 
 
-def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.recordio.MXIndexedRecordIO, RecordSet]":
+def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[RecordFile, RecordSet]":
     """Open train.rec/train.idx and find the image records, with or without the header."""
     idx_path = idx_path or os.path.splitext(rec_path)[0] + ".idx"
     for path in (rec_path, idx_path):
         if not os.path.isfile(path):
             raise DataError(f"{path}: no such file")
+    reader = RecordFile(rec_path, idx_path, *read_index(idx_path))
+    try:
+        return reader, find_images(reader)
+    except BaseException:
+        reader.close()
+        raise
+
+
+def read_index(idx_path: str) -> "tuple[np.ndarray, np.ndarray]":
+    """(record numbers, byte offsets) of a .idx file ('record<TAB>byte offset' lines), as int64 arrays in file
+    order: parsed by NumPy's reader, with no Python object per line (MXNet's reader made a dict)."""
     with open(idx_path, "rb") as f:
         f.seek(0, os.SEEK_END)
         last = b"\n"
@@ -71,20 +84,35 @@ def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.record
             last = f.read(1)
         if last != b"\n":
             raise DataError(f"{idx_path}: the last line is cut off (no newline at the end): the index is truncated")
-    try:
-        reader = mx.recordio.MXIndexedRecordIO(idx_path, rec_path, "r")
-    except (IndexError, ValueError) as error:
-        raise DataError(f"{idx_path}: a line is not 'record<TAB>byte offset' ({error}): the index is damaged") from None
-    if not reader.keys:
+        f.seek(0)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)           # an empty file: refused below
+                table = np.loadtxt(f, dtype=np.int64, delimiter="\t", comments=None, ndmin=2)
+        except ValueError as error:
+            raise DataError(f"{idx_path}: a line is not 'record<TAB>byte offset' ({error}): "
+                            "the index is damaged") from None
+    if not table.size:
         raise DataError(f"{idx_path}: empty index")
+    if table.shape[1] != 2:
+        raise DataError(f"{idx_path}: a line is not 'record<TAB>byte offset' ({table.shape[1]} columns): "
+                        "the index is damaged")
+    return table[:, 0], table[:, 1].copy()      # the numbers as a view: dropped when they are 0 .. n-1
+
+
+def find_images(reader: "RecordFile") -> RecordSet:
+    """The image records of an open set: 1 .. first_identity_record-1 after a header, else every record."""
+    rec_path, idx_path = reader.rec_path, reader.idx_path
     check_offsets(reader, rec_path, idx_path)
-    first = min(reader.keys)
+    first = reader.first_key
     raw = read_record(reader, first, rec_path)
     try:
         header, _ = mx.recordio.unpack(raw)
     except (ValueError, TypeError, struct.error) as error:
-        raise DataError(f"{rec_path}: record {first} (byte {reader.idx[first]}) has a header that does not "
+        raise DataError(f"{rec_path}: record {first} (byte {reader.offset(first)}) has a header that does not "
                         f"unpack: {error}") from None
+    # record numbers fit 32 bits in every set there is: 4 bytes an image
+    number_type = np.uint32 if 0 <= reader.first_key and reader.last_key < 2 ** 32 else np.int64
     if header.flag > 0 and first == 0:
         label = np.asarray(header.label, dtype=np.float64).ravel()
         if label.size < 2 or not np.isfinite(label[:2]).all():
@@ -96,70 +124,173 @@ def open_records(rec_path: str, idx_path: str | None = None) -> "tuple[mx.record
                             "expected 1 <= first_identity_record <= end")
         # The header's numbers are claims: checked against the index (itself checked against the
         # .rec's size above) before anything is allocated by them.
-        if len(reader.keys) < end:
+        if reader.lines < end:
             raise DataError(f"{rec_path}: the header record claims {end:,} records ({first_identity - 1:,} images, "
-                            f"{end - first_identity:,} identities), but {idx_path} lists {len(reader.keys):,}: "
+                            f"{end - first_identity:,} identities), but {idx_path} lists {reader.lines:,}: "
                             "the header is damaged or the index is truncated")
         identities = end - first_identity
         check_class_count(identities, f"{rec_path} (header record)")
-        images = np.arange(1, first_identity, dtype=np.int64)
+        images = np.arange(1, first_identity, dtype=number_type)
     else:
-        images = np.array(sorted(reader.keys), dtype=np.int64)
+        images = reader.sorted_keys().astype(number_type)
         identities = None
-    return reader, RecordSet(rec_path, idx_path, images, identities)
+    return RecordSet(rec_path, idx_path, images, identities)
 
 
 RECORD_MAGIC = 0xCED7230A      # dmlc RecordIO: every record starts with it, then a 32-bit length word
+LENGTH_BITS = 29               # the length word: 3 bits of continuation flag, 29 of length
+WHOLE, FIRST, MIDDLE, LAST = range(4)     # the flag: a record in one part, or the parts of a split one
 
 
-def check_offsets(reader: mx.recordio.MXIndexedRecordIO, rec_path: str, idx_path: str) -> None:
-    """Refuse a .rec shorter than its index says (a cut copy), before training starts.
+class RecordFile:
+    """A .rec read at the byte offsets its .idx gives; the index held as NumPy arrays, not a dict.
 
-    Cheap: the offsets are in memory, and only the last record's 8-byte head is read.
+    The offsets of record numbers first .. first+n-1 (what every writer makes: 0 .. n-1) are one
+    int64 array, 8 bytes a record; other numbering adds the sorted numbers (16). A read is a few
+    os.pread calls on one descriptor, so any number of threads read at once. A record the dmlc
+    writer split (its payload held the magic number) is joined as dmlc's reader joins it.
+    `idx` is a read-only mapping record number -> byte offset, as MXNet's reader had.
+    """
+
+    def __init__(self, rec_path: str, idx_path: str, keys: np.ndarray, offsets: np.ndarray):
+        self._fd = -1
+        self.rec_path, self.idx_path, self.lines = rec_path, idx_path, len(keys)
+        if len(keys) and (keys == np.arange(keys[0], keys[0] + len(keys))).all():
+            self._keys, self.offsets = None, offsets           # record number k is at offsets[k - first_key]
+            self.first_key, self.last_key = int(keys[0]), int(keys[-1])
+        else:
+            order = np.argsort(keys, kind="stable")
+            self._keys, self.offsets = keys[order], offsets[order]
+            twice = np.flatnonzero(np.diff(self._keys) == 0)
+            if twice.size:
+                raise DataError(f"{idx_path}: record {self._keys[twice[0]]} is listed twice: the index is damaged")
+            self.first_key, self.last_key = int(self._keys[0]), int(self._keys[-1])
+        self._fd = os.open(rec_path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def key_at(self, i: int) -> int:
+        """The record number of offsets[i]."""
+        return self.first_key + int(i) if self._keys is None else int(self._keys[i])
+
+    def sorted_keys(self) -> np.ndarray:
+        """Every record number, ascending (one per offset)."""
+        if self._keys is None:
+            return np.arange(self.first_key, self.last_key + 1, dtype=np.int64)
+        return self._keys
+
+    def offset(self, key: int) -> int:
+        """The byte offset of record `key`; KeyError if the index does not list it."""
+        key = int(key)
+        if self._keys is None:
+            if not self.first_key <= key <= self.last_key:
+                raise KeyError(key)
+            return int(self.offsets[key - self.first_key])
+        at = int(np.searchsorted(self._keys, key))
+        if at == len(self._keys) or self._keys[at] != key:
+            raise KeyError(key)
+        return int(self.offsets[at])
+
+    @property
+    def idx(self) -> "RecordOffsets":
+        return RecordOffsets(self)
+
+    def read(self, key: int) -> bytes:
+        """The payload of record `key`; DataError naming it (and its byte offset) when it cannot be read."""
+        try:
+            offset = self.offset(key)
+        except KeyError:
+            raise DataError(f"{self.rec_path}: record {key} is not in {self.idx_path}: the index is damaged") from None
+        where = f"{self.rec_path}: record {key} (byte {offset})"
+        parts, at = [], offset
+        while True:
+            head = os.pread(self._fd, 8, at)
+            if not head and at == offset:
+                raise DataError(f"{where} is past the end of the file")
+            if len(head) < 8:
+                raise DataError(f"{where} cannot be read: the file ends inside its RecordIO header (byte {at})")
+            magic, word = struct.unpack("<II", head)
+            flag, length = word >> LENGTH_BITS, word & ((1 << LENGTH_BITS) - 1)
+            if magic != RECORD_MAGIC or flag > LAST:
+                raise DataError(f"{where} cannot be read: no RecordIO record header at byte {at} "
+                                "(the .rec is damaged or does not match its index)")
+            payload = os.pread(self._fd, length, at + 8)
+            if len(payload) < length:
+                raise DataError(f"{where} cannot be read: the file ends inside it (a part of {length} bytes at "
+                                f"byte {at})")
+            parts.append(payload)
+            if flag in (WHOLE, LAST):
+                return RECORD_MAGIC.to_bytes(4, "little").join(parts)
+            at += 8 + (length + 3) // 4 * 4            # parts are padded to 4 bytes
+
+    read_idx = read           # MXNet's name
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self):
+        self.close()
+
+
+class RecordOffsets(Mapping):
+    """Record number -> byte offset of a RecordFile, read from its arrays."""
+
+    def __init__(self, reader: RecordFile):
+        self._reader = reader
+
+    def __getitem__(self, key) -> int:
+        return self._reader.offset(key)
+
+    def __iter__(self):
+        return (int(key) for key in self._reader.sorted_keys())
+
+    def __len__(self) -> int:
+        return len(self._reader.offsets)
+
+
+def check_offsets(reader: RecordFile, rec_path: str, idx_path: str) -> None:
+    """Refuse an index with a negative or shared offset, and a .rec shorter than its index says (a cut
+    copy), before training starts.
+
+    Cheap: the offsets are in memory (in the usual file order a record starts after the one before,
+    so one pass shows none is shared), and only the last record's 8-byte head is read.
     """
     size = os.path.getsize(rec_path)
-    keys = np.fromiter(reader.idx.keys(), dtype=np.int64, count=len(reader.idx))
-    offsets = np.fromiter(reader.idx.values(), dtype=np.int64, count=len(reader.idx))
+    offsets, key = reader.offsets, reader.key_at
     negative = offsets < 0
     if negative.any():
         first = int(np.flatnonzero(negative)[0])
-        raise DataError(f"{idx_path}: record {keys[first]} has byte offset {offsets[first]}, before the start of "
+        raise DataError(f"{idx_path}: record {key(first)} has byte offset {offsets[first]}, before the start of "
                         f"{rec_path}: the index is damaged")
-    order = np.argsort(offsets, kind="stable")
-    shared = np.flatnonzero(np.diff(offsets[order]) == 0)
-    if shared.size:
-        a, b = int(order[shared[0]]), int(order[shared[0] + 1])
-        raise DataError(f"{idx_path}: records {keys[a]} and {keys[b]} both start at byte {offsets[a]}: the index is "
-                        "damaged (each record has its own place in the .rec)")
+    if not (offsets[1:] > offsets[:-1]).all():
+        order = np.argsort(offsets, kind="stable")
+        shared = np.flatnonzero(np.diff(offsets[order]) == 0)
+        if shared.size:
+            a, b = int(order[shared[0]]), int(order[shared[0] + 1])
+            raise DataError(f"{idx_path}: records {key(a)} and {key(b)} both start at byte {offsets[a]}: the index "
+                            "is damaged (each record has its own place in the .rec)")
     beyond = offsets + 8 > size
     if beyond.any():
         first = int(np.flatnonzero(beyond)[offsets[beyond].argmin()])
         raise DataError(f"{rec_path}: is {size} bytes, but {idx_path} places {int(beyond.sum())} of its "
-                        f"{len(offsets)} records at or beyond that (first: record {keys[first]} at byte "
+                        f"{len(offsets)} records at or beyond that (first: record {key(first)} at byte "
                         f"{offsets[first]}): the .rec is truncated")
     last = int(offsets.argmax())
-    key, offset = int(keys[last]), int(offsets[last])
+    last_key, offset = key(last), int(offsets[last])
     with open(rec_path, "rb") as f:
         f.seek(offset)
         magic, length_word = np.frombuffer(f.read(8), dtype="<u4")
-    end = offset + 8 + (int(length_word) & ((1 << 29) - 1))
+    end = offset + 8 + (int(length_word) & ((1 << LENGTH_BITS) - 1))
     if magic != RECORD_MAGIC or end > size:
-        raise DataError(f"{rec_path}: the last record ({key}, at byte {offset}) "
+        raise DataError(f"{rec_path}: the last record ({last_key}, at byte {offset}) "
                         + ("does not start with the RecordIO magic number" if magic != RECORD_MAGIC
                            else f"ends at byte {end}, past the end of the file ({size} bytes)")
                         + ": the .rec is truncated or does not match its index")
 
 
-def read_record(reader: mx.recordio.MXIndexedRecordIO, key: int, rec_path: str) -> bytes:
-    """The raw record `key`; a damaged one is named with its byte offset."""
-    try:
-        raw = reader.read_idx(key)
-    except mx.base.MXNetError as error:
-        raise DataError(f"{rec_path}: record {key} (byte {reader.idx.get(key)}) cannot be read: "
-                        f"{str(error).strip().splitlines()[-1]}") from None
-    if raw is None:
-        raise DataError(f"{rec_path}: record {key} (byte {reader.idx.get(key)}) is past the end of the file")
-    return raw
+def read_record(reader: RecordFile, key: int, rec_path: str) -> bytes:
+    """The raw record `key`; a damaged one is named with its byte offset (a DataError)."""
+    return reader.read(key)
 
 
 def unpack_image_record(raw: bytes, key: int, offset: int, rec_path: str) -> "tuple[bytes, float, str]":

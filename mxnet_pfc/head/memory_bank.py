@@ -45,6 +45,28 @@ def shard_files(folder: str, rank: int) -> "dict[str, str]":
     return {kind: os.path.join(folder, f"{kind}-rank{rank:05d}.npy") for kind in ("centers", "momentum")}
 
 
+HOST_CHUNK_BYTES = 16 << 20     # the most a save or a fill copies between the bank and the host at once
+
+
+def chunk_rows(array) -> int:
+    """Rows of `array` (2-d) in one host copy of at most HOST_CHUNK_BYTES."""
+    return max(1, HOST_CHUNK_BYTES // (array.shape[1] * 4))
+
+
+def write_npy(path: str, array: nd.NDArray) -> None:
+    """np.save's file of float32 `array` (byte for byte), copied to the host a block of rows at a time.
+
+    np.save(path, array.asnumpy()) would hold a host copy of the whole array: at 10^7 classes
+    per host, gigabytes above training's high-water mark while a checkpoint is written.
+    """
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                                                 "fortran_order": False, "shape": tuple(array.shape)})
+        step = chunk_rows(array)
+        for start in range(0, array.shape[0], step):
+            array[start:start + step].asnumpy().tofile(f)     # host copy: a sync point
+
+
 class MemoryBank:
     """Centers and momentum of this rank's classes, with momentum SGD of given rows.
 
@@ -141,56 +163,91 @@ class MemoryBank:
     def save(self, folder: str) -> "list[str]":
         """Write this rank's centers and momentum into `folder`; returns the paths (host copies: sync points)."""
         files = shard_files(folder, self.rank)
-        np.save(files["centers"], self.weight.asnumpy())
-        np.save(files["momentum"], self.weight_mom.asnumpy())
+        write_npy(files["centers"], self.weight)
+        write_npy(files["momentum"], self.weight_mom)
         return list(files.values())
 
     def load(self, folder: str, shards: "list[list[int]]") -> None:
         """Fill centers and momentum with this rank's classes from the shards saved in `folder`.
 
         shards[r] = (class_start, num_local) of saved rank r, on any number of
-        ranks: only the rows this rank owns are read (memory-mapped). The saved bank
-        must have this bank's number of sub-centers (the caller checks state.json's).
+        ranks: only the rows this rank owns are read, a block at a time straight
+        into the bank (no host copy of the whole bank). The saved bank must have
+        this bank's number of sub-centers (the caller checks state.json's).
         """
-        centers, momentum = read_saved_rows(folder, shards, self.class_start, self.num_local, self.embedding_size,
-                                            self.subcenters)
-        self.set_all(centers, momentum)
+        read_shard = saved_shard_reader(folder, shards, self.embedding_size, self.subcenters)
+        for kind, target in (("centers", self.weight), ("momentum", self.weight_mom)):
+            def put(row: int, values: np.ndarray, target=target) -> None:
+                target[row:row + len(values)]._sync_copyfrom(values)        # into the bank's rows (a view)
+            copy_saved_rows(shards, self.class_start, self.num_local, self.subcenters, kind, read_shard, put,
+                            chunk_rows(target))
 
     def set_all(self, centers: np.ndarray, momentum: np.ndarray) -> None:
         """This rank's centers and momentum from host arrays of the bank's shape."""
         for target, rows in ((self.weight, centers), (self.weight_mom, momentum)):
             if rows.shape != target.shape:
                 raise ValueError(f"{rows.shape} rows for a bank of {target.shape}")
-            target[:] = nd.array(rows, dtype="float32")
+            # a block at a time, straight into the bank's rows (a view): never a second copy of the whole
+            # bank (nd.array(rows) was one, and MXNet's pool keeps freed blocks of an NDArray per block)
+            step = chunk_rows(target)
+            for start in range(0, len(rows), step):
+                target[start:start + step]._sync_copyfrom(rows[start:start + step])
+
+
+def copy_saved_rows(shards: "list[list[int]]", class_start: int, num_local: int, subcenters: int, kind: str,
+                    read_shard, put, block_rows: int) -> None:
+    """The saved rows of `kind` ('centers' or 'momentum') of classes [class_start, class_start + num_local),
+    K rows each, from saved shards on any number of ranks (shards[r] = (class_start, num_local) of saved
+    rank r), handed over a block of at most `block_rows` rows at a time: put(row, values), `values` float32,
+    the new range's rows from `row` on. read_shard(kind, r) -> (saved rank r's rows of `kind`, its file)
+    returns them checked for shape and type. Only the rows needed are read; a NaN or infinite one is
+    refused naming its file."""
+    K = subcenters
+    for old_rank, old_row, new_row, rows in shard_overlaps(shards, class_start, num_local):
+        saved, file = read_shard(kind, old_rank)
+        for start in range(0, rows * K, block_rows):
+            first, count = old_row * K + start, min(block_rows, rows * K - start)
+            values = np.asarray(saved[first:first + count], dtype=np.float32)
+            if not np.isfinite(values).all():
+                raise CheckpointError(f"{file}: non-finite values (NaN or inf) in its {kind}")
+            put(new_row * K + start, values)
 
 
 def assemble_rows(shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
                   subcenters: int, read_shard) -> "tuple[np.ndarray, np.ndarray]":
-    """(centers, momentum) float32 of classes [class_start, class_start + num_local), K rows each, from saved
-    shards on any number of ranks: shards[r] = (class_start, num_local) of saved rank r, and
-    read_shard(kind, r) -> (saved rank r's rows of `kind` ('centers' or 'momentum'), its file) returns them
-    checked for shape and type. Only the rows needed are copied; a NaN or infinite one is refused naming
-    its file."""
-    K = subcenters
-    pieces = [(old_rank, old_row * K, new_row * K, rows * K)
-              for old_rank, old_row, new_row, rows in shard_overlaps(shards, class_start, num_local)]
+    """(centers, momentum) float32 of classes [class_start, class_start + num_local), K rows each, as host
+    arrays: copy_saved_rows of both kinds."""
     arrays = []
     for kind in ("centers", "momentum"):
-        target = np.empty((num_local * K, embedding_size), dtype=np.float32)
-        for old_rank, old_row, new_row, rows in pieces:
-            saved, file = read_shard(kind, old_rank)
-            values = np.asarray(saved[old_row:old_row + rows], dtype=np.float32)
-            if not np.isfinite(values).all():
-                raise CheckpointError(f"{file}: non-finite values (NaN or inf) in its {kind}")
-            target[new_row:new_row + rows] = values
+        target = np.empty((num_local * subcenters, embedding_size), dtype=np.float32)
+
+        def put(row: int, values: np.ndarray, target=target) -> None:
+            target[row:row + len(values)] = values
+        copy_saved_rows(shards, class_start, num_local, subcenters, kind, read_shard, put, chunk_rows(target))
         arrays.append(target)
     return arrays[0], arrays[1]
 
 
-def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
-                    subcenters: int = 1) -> "tuple[np.ndarray, np.ndarray]":
-    """assemble_rows from the shard files a checkpoint saved in `folder` (memory-mapped: only the rows
-    needed are read)."""
+class FileRows:
+    """The rows of a checked 2-d float32 .npy file, read from the file when sliced (plain reads: the pages of
+    np.load's memory map would count as the process's memory until it is closed, up to a whole shard)."""
+
+    def __init__(self, file: str, offset: int, shape: "tuple[int, int]"):
+        self.file, self.offset, self.shape = file, offset, shape
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, _ = rows.indices(self.shape[0])
+        width = self.shape[1]
+        count = max(0, stop - start) * width
+        values = np.fromfile(self.file, dtype=np.float32, count=count, offset=self.offset + start * width * 4)
+        if values.size != count:
+            raise CheckpointError(f"{self.file}: shorter than its header says ({self.shape} float32 rows)")
+        return values.reshape(-1, width)
+
+
+def saved_shard_reader(folder: str, shards: "list[list[int]]", embedding_size: int, subcenters: int):
+    """read_shard(kind, r) -> (FileRows of saved rank r's `kind` in checkpoint `folder`, its file) for
+    copy_saved_rows, each file checked (np.load's header reader: never unpickles) against state.json's shards."""
     def read_shard(kind: str, old_rank: int):
         file = shard_files(folder, old_rank)[kind]
         try:
@@ -201,6 +258,15 @@ def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, nu
         if saved.shape != expected or saved.dtype != np.float32:
             raise CheckpointError(f"{file}: {saved.dtype} array of shape {saved.shape}; state.json's shards "
                                   f"give saved rank {old_rank} float32 rows of shape {expected}")
-        return saved, file
+        if np.isfortran(saved):
+            raise CheckpointError(f"{file}: its rows are stored in Fortran order; a checkpoint's are in C order")
+        return FileRows(file, saved.offset, expected), file
 
-    return assemble_rows(shards, class_start, num_local, embedding_size, subcenters, read_shard)
+    return read_shard
+
+
+def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
+                    subcenters: int = 1) -> "tuple[np.ndarray, np.ndarray]":
+    """assemble_rows from the shard files a checkpoint saved in `folder` (only the rows needed are read)."""
+    return assemble_rows(shards, class_start, num_local, embedding_size, subcenters,
+                         saved_shard_reader(folder, shards, embedding_size, subcenters))

@@ -258,10 +258,20 @@ class RankFailedError(PfcError, RuntimeError):
 def horovod_gpu_build() -> "tuple[bool, int]":
     """(built with CUDA, NCCL version code or 0) of the installed Horovod: build flags only, no collective."""
     try:
-        import horovod.mxnet as hvd
+        build = horovod_build()
     except ImportError:
         return False, 0
-    return bool(hvd.cuda_built()), int(hvd.nccl_built())
+    return build["cuda"], build["nccl"]
+
+
+def horovod_build() -> dict:
+    """The installed Horovod's version and build flags (gloo, mpi, cuda: bools; nccl: its version code or 0),
+    read without starting it. ImportError when horovod.mxnet cannot be imported: Horovod without MXNet."""
+    import horovod
+    import horovod.mxnet as hvd
+
+    return dict(version=horovod.__version__, gloo=bool(hvd.gloo_built()), mpi=bool(hvd.mpi_built()),
+                cuda=bool(hvd.cuda_built()), nccl=int(hvd.nccl_built()))
 
 
 def shutdown() -> None:

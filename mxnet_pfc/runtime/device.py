@@ -20,18 +20,46 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+from pathlib import Path
 
 from mxnet_pfc.runtime.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# The highest compute capability the MXNet 1.9.1 CUDA wheels have kernels for, and those they have.
-MAX_COMPUTE_CAPABILITY = (8, 6)
-WHEEL_ARCHITECTURES = "sm_50, 60, 70, 80, 86"
+WHEEL_GPUS_FILE = Path(__file__).with_name("mxnet_wheel_gpus.txt")
+
+
+def _wheel_architectures() -> "list[str]":
+    """The architectures (sm_XY) the MXNet 1.9.1 CUDA wheels have kernels for, from mxnet_wheel_gpus.txt,
+    which setup-utils/install.sh reads too (one home of the fact)."""
+    fields = dict(line.split("=", 1) for line in WHEEL_GPUS_FILE.read_text().splitlines()
+                  if line.strip() and not line.startswith("#"))
+    return fields["architectures"].split()
+
+
+def architecture_capability(arch: str) -> "tuple[int, int]":
+    """sm_86 -> (8, 6), sm_100 -> (10, 0)."""
+    digits = arch.removeprefix("sm_").removeprefix("compute_")
+    return int(digits[:-1]), int(digits[-1])
+
+
+def wheel_runs_on(cap: "tuple[int, int]", architectures: "list[str] | None" = None) -> bool:
+    """Whether machine code for `architectures` (default: the CUDA wheels') runs on a GPU of compute capability
+    `cap`: CUDA runs code built for sm_XY on a GPU of X.Z when Y <= Z, same major only (its binary
+    compatibility); the wheels carry no PTX for the driver to compile for other GPUs. install.sh's
+    wheel_runs_on is the same rule."""
+    return any(major == cap[0] and minor <= cap[1]
+               for major, minor in map(architecture_capability, architectures or WHEEL_ARCHITECTURE_LIST))
+
+
+# The architectures the MXNet 1.9.1 CUDA wheels have kernels for, and the highest of them.
+WHEEL_ARCHITECTURE_LIST = _wheel_architectures()
+MAX_COMPUTE_CAPABILITY = max(map(architecture_capability, WHEEL_ARCHITECTURE_LIST))
+WHEEL_ARCHITECTURES = "sm_" + ", ".join(arch.removeprefix("sm_") for arch in WHEEL_ARCHITECTURE_LIST)
 _MAX = "{}.{}".format(*MAX_COMPUTE_CAPABILITY)
-WHAT_TO_DO = ("MXNet must be built from source with CUDA 11.8 or 12 for this GPU's architecture "
-              "(sm_90 for compute capability 9.0), or use a GPU of compute capability " + _MAX + " or lower; "
-              "--context cpu trains on the CPU")
+WHAT_TO_DO = ("run NVIDIA's MXNet containers (NGC), which are built for newer GPUs, or MXNet built from source "
+              "with CUDA 11.8 or 12 for this GPU's architecture (sm_90 for compute capability 9.0), "
+              "or use a GPU of compute capability 5.0 to 8.x; --context cpu trains on the CPU")
 
 
 def gpu_models(nvidia_smi: str = "nvidia-smi",
@@ -66,8 +94,8 @@ def gpu_models(nvidia_smi: str = "nvidia-smi",
 
 
 def unsupported_gpus(gpus: "list[tuple[str, tuple[int, int] | None]] | None") -> "list[tuple[str, tuple[int, int]]]":
-    """The GPUs whose compute capability is known and above what the MXNet wheels support."""
-    return [(name, cap) for name, cap in gpus or [] if cap is not None and cap > MAX_COMPUTE_CAPABILITY]
+    """The GPUs whose compute capability is known and that the MXNet wheels' kernels do not run on."""
+    return [(name, cap) for name, cap in gpus or [] if cap is not None and not wheel_runs_on(cap)]
 
 
 def check_compute_capability(gpus: "list[tuple[str, tuple[int, int] | None]] | None" = None,

@@ -1,8 +1,16 @@
 """The training configuration: defaults, presets, command-line overrides, checks.
 
-Precedence, lowest first: DEFAULTS, the --dataset preset, the --network preset,
-the --loss preset, then every `--FIELD VALUE` given. The result is a frozen
-`Config`, printed at start and written to OUTPUT/config.json.
+Precedence, lowest first: DEFAULTS, the recipe (RECIPES), the --dataset preset,
+the --network preset, the --loss preset, then every `--FIELD VALUE` given. The
+result is a frozen `Config`, printed at start and written to OUTPUT/config.json.
+
+The recipe. Real data trains with the field's standard recipe from a named
+source (RECIPES: arcface_torch's configs; --recipe picks another): your own set
+(--rec or --images) gets arcface_torch-ms1mv3_r50 (iResNet-50, 512-d, ArcFace
+s=64 m=0.5, 20 epochs, linear decay, lr 0.1 per global batch 1024), a named set
+(--dataset emore, glint360k, webface) its own. The CPU-sized toy settings
+(synthetic-toy) are the synthetic default's alone. The start-up log says in one
+line which recipe is in force and where every other value came from.
 
 Your own data. A --dataset preset describes its own set (DATA_FIELDS: rec,
 images, num_classes, num_images, val_targets and the synthetic_* fields).
@@ -42,8 +50,9 @@ from mxnet_pfc.runtime.run_folder import split_prefix
 class Config:
     """The run's settings; FIELD_HELP (what --help prints) says what each field means."""
 
-    # ---- data
+    # --help groups the fields by SECTIONS (below); config.json keeps this order.
     dataset: str = "synthetic"
+    recipe: str = ""        # '' = chosen from the data (RECIPE_FOR_OWN_DATA, or the --dataset preset's)
     rec: str = ""
     images: str = ""
     num_classes: int = 0
@@ -55,7 +64,6 @@ class Config:
     synthetic_images_per_identity: int = 20
     synthetic_val_pairs: int = 1000
     decode_threads: int = 2
-    # ---- backbone
     network: str = "r50"
     network_output: str = ""
     embedding_size: int = 512
@@ -64,7 +72,6 @@ class Config:
     pretrained: str = ""
     teacher: str = ""
     distill_weight: float = 1.0
-    # ---- head
     loss: str = "arcface"
     margin_s: float = margin.preset_params("arcface")["s"]
     margin_m1: float = margin.preset_params("arcface")["m1"]
@@ -86,7 +93,6 @@ class Config:
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
     init_centers: str = "random"          # INIT_CENTERS or a folder
-    # ---- optimisation (both optimizers)
     batch_size: int = 128
     grad_accum: int = 1
     lr: float = 0.1
@@ -101,7 +107,6 @@ class Config:
     poly_power: float = 2.0
     max_update: int = 0
     freeze_backbone_steps: int = 0
-    # ---- run
     output: str = ""
     context: str = "auto"
     seed: int = 0
@@ -120,25 +125,57 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# --recipe: the standard recipes, one place for their numbers, each from a named source (RECIPE_SOURCES).
+# arcface_torch states lr per GPU batch on 8 GPUs: lr 0.1 for 128 per GPU is 0.1 per global batch 1024
+# (lr_base_batch), scaled linearly to yours (module docstring). Fields a recipe leaves out keep DEFAULTS.
+ARCFACE_TORCH = "insightface recognition/arcface_torch/configs"
+ARCFACE_TORCH_R50 = dict(
+    # configs/base.py and ms1mv3_r50.py: network r50, embedding_size 512, sample_rate 1.0, momentum 0.9,
+    # weight_decay 5e-4, batch_size 128 per GPU with lr 0.1 (8 GPUs: global 1024), num_epoch 20,
+    # warmup_epoch 0, verbose 2000, frequent 10; margin_list (1.0, 0.5, 0.0) with s=64 (train_v2.py) is
+    # ArcFace m=0.5; PolynomialLRWarmup (lr_scheduler.py) at its default power=1.0 (train_v2.py passes
+    # none): linear decay to 0. Their fp16 = True is left out: float16 here is GPU-only (--fp16 true).
+    network="r50", embedding_size=512, loss="arcface", sample_rate=1.0, momentum=0.9, weight_decay=5e-4,
+    batch_size=128, lr=0.1, lr_base_batch=1024, num_epoch=20, warmup_epochs=0, lr_schedule="poly",
+    poly_power=1.0, verbose=2000, frequent=10)
+RECIPES = {
+    "arcface_torch-ms1mv3_r50": ARCFACE_TORCH_R50,
+    "arcface_torch-ms1mv2_r50": ARCFACE_TORCH_R50,     # configs/ms1mv2_r50.py: the same numbers
+    # configs/glint360k_r50.py: margin_list (1.0, 0.0, 0.4), CosFace m=0.4 (s=64), and weight_decay 1e-4
+    "arcface_torch-glint360k_r50": dict(ARCFACE_TORCH_R50, loss="cosface", weight_decay=1e-4),
+    # this project's CPU-sized run of the synthetic default (docs/training.md): minutes on 2 CPU ranks
+    "synthetic-toy": dict(network="r18-lite", loss="cosface-small", batch_size=32, lr=0.05, lr_base_batch=64,
+                          num_epoch=1, lr_schedule="poly", warmup_epochs=0.1, frequent=25, verbose=125,
+                          save_interval=125),
+}
+RECIPE_SOURCES = {
+    "arcface_torch-ms1mv3_r50": f"{ARCFACE_TORCH}/ms1mv3_r50.py",
+    "arcface_torch-ms1mv2_r50": f"{ARCFACE_TORCH}/ms1mv2_r50.py",
+    "arcface_torch-glint360k_r50": f"{ARCFACE_TORCH}/glint360k_r50.py",
+    "synthetic-toy": "this project's CPU-sized synthetic run, docs/training.md",
+}
+RECIPE_FOR_OWN_DATA = "arcface_torch-ms1mv3_r50"     # --rec or --images with no named set's recipe
+TOY_RECIPE = "synthetic-toy"
+
 DATASETS = {
-    # InsightFace's packs as users have them: data/NAME/train.rec (+ .idx, property, *.bin)
+    # InsightFace's packs as users have them: data/NAME/train.rec (+ .idx, property, *.bin).
+    # faces_emore is MS1MV2 (arcface_torch's ms1mv2 configs read it)
     "emore": dict(rec="data/faces_emore/train.rec", num_classes=85742,
                   val_targets=("data/faces_emore/lfw.bin", "data/faces_emore/cfp_fp.bin",
                                "data/faces_emore/agedb_30.bin"),
-                  num_epoch=16, decay_epochs=(8, 14), warmup_epochs=0),
+                  recipe="arcface_torch-ms1mv2_r50"),
     "glint360k": dict(rec="data/glint360k/train.rec", num_classes=360232,
                       val_targets=("data/glint360k/lfw.bin", "data/glint360k/cfp_fp.bin",
                                    "data/glint360k/agedb_30.bin"),
-                      num_epoch=20, lr_schedule="poly", warmup_epochs=1),
+                      recipe="arcface_torch-glint360k_r50"),
+    # CASIA-WebFace: arcface_torch has no config of it (its wf* configs are WebFace4M-42M); the ms1mv3 one
     "webface": dict(rec="data/faces_webface_112x112/train.rec", num_classes=10572,
                     val_targets=("data/faces_webface_112x112/lfw.bin",),
-                    num_epoch=34, decay_epochs=(20, 28, 32)),
+                    recipe="arcface_torch-ms1mv3_r50"),
     # generated on first use; identities of val.bin are never seen in training
     "synthetic": dict(rec="output/data/synthetic/train.rec", num_classes=500,
                       val_targets=("output/data/synthetic/val.bin",), synthetic_identities=500,
-                      synthetic_images_per_identity=32, network="r18-lite", loss="cosface-small",
-                      batch_size=32, lr=0.05, lr_base_batch=64, num_epoch=1, lr_schedule="poly",
-                      warmup_epochs=0.1, frequent=25, verbose=125, save_interval=125),
+                      synthetic_images_per_identity=32, recipe=TOY_RECIPE),
     # dummy data, no I/O: step time and memory at large identity counts
     "speed-1m": dict(rec="", num_classes=1_000_000, num_images=100_000, val_targets=(), max_update=200, frequent=10),
     "speed-10m": dict(rec="", num_classes=10_000_000, num_images=100_000, val_targets=(), max_update=200,
@@ -158,16 +195,41 @@ LOSSES = {name: dict(loss=name, **{margin.config_field(kind, param): margin.pres
           for name, (kind, _) in margin.LOSSES.items()}
 # Every configuration field of a margin parameter: the ones a loss does not use may not be given with it.
 MARGIN_FIELDS = {field for preset in LOSSES.values() for field in preset if field != "loss"}
-PRESET_FIELDS = {"dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
+PRESET_FIELDS = {"recipe": RECIPES, "dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
 # What a --dataset preset says about its own data set. Naming your own set with
 # --rec or --images drops all of them: its class count, verification pairs and generation
 # settings describe the preset's set, not yours (the rest of the preset applies).
 DATA_FIELDS = ("rec", "images", "num_classes", "num_images", "val_targets", "synthetic_identities",
                "synthetic_images_per_identity", "synthetic_val_pairs")
 
+# The groups of --help, in order: every field of Config in exactly one (checked below).
+SECTIONS = {
+    "data": ("dataset", "recipe", "rec", "images", "num_classes", "num_images", "image_size",
+             "synthetic_identities", "synthetic_images_per_identity", "decode_threads"),
+    "backbone": ("network", "network_output", "embedding_size", "dropout", "fp16", "pretrained", "teacher",
+                 "distill_weight"),
+    "head and loss": ("loss", "margin_s", "margin_m1", "margin_m2", "margin_m3", "adaface_m", "adaface_h",
+                      "adaface_t_alpha", "elastic_m", "elastic_std", "magface_l_a", "magface_u_a", "magface_l_m",
+                      "magface_u_m", "magface_lambda_g", "curricular_m", "curricular_t_alpha", "subcenter_k",
+                      "sample_rate", "interclass_filtering_threshold", "init_centers"),
+    "optimisation (both optimizers)": ("batch_size", "grad_accum", "lr", "lr_base_batch", "momentum",
+                                       "weight_decay", "lr_schedule", "num_epoch", "decay_epochs", "lr_factor",
+                                       "warmup_epochs", "poly_power", "max_update", "freeze_backbone_steps"),
+    "run and checkpoints": ("output", "seed", "frequent", "tensorboard", "save_interval", "keep_checkpoints",
+                            "resume", "start_over"),
+    "evaluation": ("val_targets", "ijb_targets", "synthetic_val_pairs", "verbose", "val_batch_size",
+                   "val_at_start"),
+    "distributed": ("context", "stall_timeout"),
+}
+assert sorted(name for names in SECTIONS.values() for name in names) == sorted(f.name for f in fields(Config))
+
 # One sentence per field for --help: what it is and its unit (argparse adds the default).
 FIELD_HELP = {
-    "dataset": "Preset of the data set and its schedule (see the table in docs/training.md).",
+    "dataset": "Preset of a data set: its files, class count, verification sets and recipe (the table in "
+               "docs/training.md).",
+    "recipe": "The standard settings the run starts from (network, loss, batch, learning rate and schedule): "
+              "a name of RECIPES, each from a named source; '' chooses from the data: the --dataset preset's, "
+              "arcface_torch-ms1mv3_r50 for your own --rec/--images. Presets and options given override it.",
     "rec": "Path of train.rec of an InsightFace RecordIO set (train.idx beside it); '' trains on random "
            "tensors (speed runs). Giving it drops the preset's data fields.",
     "images": "Folder ROOT/<identity>/<image> to train on without packing (sorted folder names are class ids "
@@ -248,7 +310,8 @@ FIELD_HELP = {
     "max_update": "Length of the run in steps; 0 uses num_epoch.",
     "freeze_backbone_steps": "The first this many steps train only the class centers (the backbone does not "
                              "move: warm-up of a new head on a pretrained backbone); the schedule counts them.",
-    "output": "Output folder for logs, metrics, checkpoints and the model; default output/DATASET_NETWORK_LOSS.",
+    "output": "Output folder for logs, metrics, checkpoints and the model; default output/DATA_NETWORK_LOSS, "
+              "DATA the --dataset name or your set's folder name (data/mine/train.rec or --images mine/: mine).",
     "context": "Device: auto (GPU local_rank when MXNet sees GPUs, else CPU), cpu or gpu.",
     "seed": "Seed of the epoch order, mirroring, initialisation and sampling.",
     "frequent": "Log progress every this many steps.",
@@ -297,16 +360,19 @@ def build_parser() -> argparse.ArgumentParser:
     default_run = make_config({}).to_dict()
     PRESET_DEFAULTS = {f.name: default_run[f.name] for f in fields(Config)
                        if default_run[f.name] != f.default and f.name != "output"}
-    for f in fields(Config):
-        kind = _field_type(f)
-        choices = PRESET_FIELDS.get(f.name)
-        help_text = FIELD_HELP[f.name] + (f" One of {', '.join(choices)}." if choices else "")
-        help_text += f" Default: {f.default!r}"
-        if f.name in PRESET_DEFAULTS:
-            help_text += f" ({PRESET_DEFAULTS[f.name]!r} with the default presets)"
-        help_text += "."
-        parser.add_argument(f"--{f.name}", type=lambda text, kind=kind: _parse_value(kind, text),
-                            default=None, metavar=kind.__name__.upper(), help=help_text)
+    known = {f.name: f for f in fields(Config)}
+    for section, names in SECTIONS.items():
+        group = parser.add_argument_group(section)
+        for f in (known[name] for name in names):
+            kind = _field_type(f)
+            choices = PRESET_FIELDS.get(f.name)
+            help_text = FIELD_HELP[f.name] + (f" One of {', '.join(choices)}." if choices else "")
+            help_text += f" Default: {f.default!r}"
+            if f.name in PRESET_DEFAULTS:
+                help_text += f" ({PRESET_DEFAULTS[f.name]!r} with the default presets)"
+            help_text += "."
+            group.add_argument(f"--{f.name}", type=lambda text, kind=kind: _parse_value(kind, text),
+                               default=None, metavar=kind.__name__.upper(), help=help_text)
     return parser
 
 
@@ -318,13 +384,16 @@ def make_config(overrides: "dict | None" = None) -> Config:
     if unknown:
         raise ConfigError(f"unknown configuration field(s): {', '.join(unknown)}")
     values = {name: f.default for name, f in known.items()}
-    for preset_field, table in PRESET_FIELDS.items():      # a dataset preset may choose the network and loss
-        name = overrides.get(preset_field, values[preset_field])
+    values["recipe"] = recipe_for(overrides)            # a recipe chooses the network and loss
+    for preset_field, table in PRESET_FIELDS.items():
+        name = values["recipe"] if preset_field == "recipe" else overrides.get(preset_field, values[preset_field])
+        if preset_field == "recipe" and not name:        # no recipe (the speed presets): DEFAULTS
+            continue
         if preset_field == "network" and symbols.is_symbol_file(name):   # its width is read at start-up
             table = {name: dict(network=name, embedding_size=0)}
         if name not in table:
             raise ConfigError(f"unknown {preset_field} {quoted(name)}; choose one of: {', '.join(table)}")
-        preset = table[name]
+        preset = {key: value for key, value in table[name].items() if key != "recipe"}   # chosen above
         if preset_field == "dataset" and ("rec" in overrides or "images" in overrides):
             preset = {key: value for key, value in preset.items() if key not in DATA_FIELDS}
         values.update(preset)
@@ -355,10 +424,39 @@ def make_config(overrides: "dict | None" = None) -> Config:
         if symbols.is_symbol_file(network):        # zoo/ms1m-r100/model-symbol.json -> ms1m-r100-model
             folder = os.path.basename(os.path.dirname(os.path.abspath(network)))
             network = f"{folder}-{os.path.basename(network)[:-len('.json')].removesuffix('-symbol')}"
-        values["output"] = os.path.join("output", f"{values['dataset']}_{network}_{values['loss']}")
+        values["output"] = os.path.join("output", f"{data_name(overrides, values)}_{network}_{values['loss']}")
     config = Config(**values)
     validate(config)
     return config
+
+
+def _own_data(overrides: dict) -> bool:
+    """Whether the command line names the user's own set (--rec or --images, not '')."""
+    return bool(overrides.get("rec") or overrides.get("images"))
+
+
+def recipe_for(overrides: dict) -> str:
+    """The recipe a run starts from: --recipe, else the --dataset preset's, except that your own set
+    (--rec, --images) never trains with the synthetic default's toy settings (nor with no recipe)."""
+    if overrides.get("recipe"):
+        name = overrides["recipe"]
+    else:
+        name = DATASETS.get(overrides.get("dataset", Config.dataset), {}).get("recipe", "")
+        if _own_data(overrides) and name in ("", TOY_RECIPE):
+            name = RECIPE_FOR_OWN_DATA
+    if name and name not in RECIPES:
+        raise ConfigError(f"unknown recipe {quoted(name)}; choose one of: {', '.join(RECIPES)}")
+    return name
+
+
+def data_name(overrides: dict, values: dict) -> str:
+    """The data part of the default output folder: your own set's folder name (data/mine/train.rec or
+    --images mine/ -> mine), else the --dataset name."""
+    if not _own_data(overrides):
+        return values["dataset"]
+    if values["images"]:
+        return os.path.basename(os.path.normpath(os.path.abspath(values["images"])))
+    return os.path.basename(os.path.dirname(os.path.abspath(values["rec"]))) or "data"
 
 
 INIT_RANDOM, INIT_IMPRINT = "random", "imprint"     # --init_centers: these, or the path of a folder of centers
@@ -478,3 +576,68 @@ def save(config: Config, path: str) -> None:
 def describe(config: Config) -> str:
     width = max(len(f.name) for f in fields(Config))
     return "\n".join(f"  {name:<{width}} = {value!r}" for name, value in config.to_dict().items())
+
+
+# Not part of the recipe line: the data (said by the configuration above it) and where the run's files go.
+_NOT_RECIPE = {"dataset", "recipe", "output", "resume", "start_over", *DATA_FIELDS, "ijb_targets"}
+
+
+def recipe_line(config: Config, checkpoint_config: "dict | None" = None) -> str:
+    """One log line: the recipe in force, its source, and where each value that differs from it came from
+    (the dataset, network or loss preset, or an option); for a resumed run, how the checkpoint's run
+    (`checkpoint_config`, its state.json's config) compares."""
+    values = {f.name: f.default for f in fields(Config)}
+    recipe = RECIPES.get(config.recipe, {})
+    values.update(recipe)
+    values.update(NETWORKS.get(values["network"], {}))
+    values.update(LOSSES[values["loss"]])
+    expected, source = dict(values), {}
+    layers = [(f"the dataset preset {config.dataset}", DATASETS.get(config.dataset, {}))]
+    if config.network != values["network"]:
+        layers.append((f"the network preset {config.network}", NETWORKS.get(config.network, {})))
+    if config.loss != values["loss"]:
+        layers.append((f"the loss preset {config.loss}", LOSSES[config.loss]))
+    for label, layer in layers:
+        for name, value in layer.items():
+            if name not in _NOT_RECIPE and name not in ("network", "loss"):    # those two: options
+                expected[name], source[name] = value, label
+    given = config.to_dict()
+    by_source: "dict[str, list[str]]" = {"options": [], **{label: [] for label, _ in layers}}
+    for name, value in given.items():
+        if name in _NOT_RECIPE or value == values[name]:
+            continue
+        where = source[name] if value == expected[name] and name in source else "options"
+        by_source.setdefault(where, []).append(f"{name}={_short_value(value)}")
+    if config.recipe:
+        line = f"recipe: {config.recipe} ({RECIPE_SOURCES[config.recipe]})"
+    else:
+        line = "recipe: none (the configuration's defaults, as the speed presets use)"
+    line += "".join(f"; from {where}: {', '.join(items)}" for where, items in by_source.items() if items)
+    if checkpoint_config is not None:
+        line += "; " + _compared_with_checkpoint(given, checkpoint_config)
+    return line
+
+
+def _compared_with_checkpoint(given: dict, saved: dict) -> str:
+    """How this resumed run's settings compare with its checkpoint's run (a checkpoint written before
+    recipes were recorded has none)."""
+    changed = [f"{name} {_short_value(saved[name])} -> {_short_value(value)}" for name, value in given.items()
+               if name not in _NOT_RECIPE and name in saved
+               and _parse_like(value, saved[name]) != value]
+    then = saved.get("recipe")
+    head = (f"resumed: the checkpoint's run had recipe {then or 'none'}" if "recipe" in saved
+            else "resumed: the checkpoint's run recorded no recipe (written before recipes)")
+    if "recipe" in saved and then != given["recipe"]:
+        head += f" (now {given['recipe'] or 'none'})"
+    return head + (f", and differs in: {', '.join(changed)}" if changed else ", the same settings")
+
+
+def _parse_like(value, saved):
+    """A value of a saved config.json as the Config holds it (JSON makes tuples lists)."""
+    return tuple(saved) if isinstance(value, tuple) and isinstance(saved, list) else saved
+
+
+def _short_value(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value)) or "''"
+    return str(value) if value != "" else "''"

@@ -143,3 +143,30 @@ def make_plan(cfg: config_lib.Config, world: int, num_images: int, steps_per_epo
             f"{' (' + note + ')' if note else ''}. To train longer, raise --max_update (or --num_epoch)")
     lr = cfg.lr * samples / cfg.lr_base_batch
     return RunPlan(num_images, samples, steps_per_epoch, max_update, lr, context, note)
+
+
+COST_STEPS = 3      # steps timed (after the first, which builds and warms up) for the CPU cost estimate
+
+
+def wants_cost_estimate(cfg: config_lib.Config, context: str) -> bool:
+    """Whether to say what the run will cost before it goes on: a real recipe on a real set on a CPU (the
+    synthetic default and the speed presets are meant for it, or say their length themselves)."""
+    return (context.startswith("cpu") and cfg.recipe not in ("", config_lib.TOY_RECIPE)
+            and bool(cfg.rec or cfg.images) and cfg.synthetic_identities == 0)
+
+
+def cost_line(seconds_per_step: float, steps_per_epoch: int, max_update: int, done: int) -> str:
+    """What the rest of a run will take at this step time, in a line a person reads."""
+    epochs = max_update / steps_per_epoch
+    return (f"on CPU: {seconds_per_step:.3g} s/step; an epoch is {steps_per_epoch:,} steps "
+            f"({readable_duration(seconds_per_step * steps_per_epoch)}), the run {epochs:.3g} epochs "
+            f"({readable_duration(seconds_per_step * (max_update - done))} from here); a GPU machine is the way "
+            f"(README), or a shorter run: --max_update, --num_epoch")
+
+
+def readable_duration(seconds: float) -> str:
+    """45 s, 12 min, 35 h, 29 days: the unit a person plans in."""
+    for unit, size, below in (("s", 1, 120), ("min", 60, 120 * 60), ("h", 3600, 48 * 3600)):
+        if seconds < below:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 86400:.0f} days"

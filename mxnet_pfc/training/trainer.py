@@ -33,7 +33,7 @@ from mxnet_pfc.models.inference import float32_params, inference_symbol
 from mxnet_pfc.runtime import comm, device, logs, run_lock, run_records, seeding, stops, watchdog
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import RunFolder
-from mxnet_pfc.training import checkpoint, distill, output_folder
+from mxnet_pfc.training import checkpoint, distill, output_folder, run_plan
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
 from mxnet_pfc.training import starting_point as starting_point_lib
@@ -168,6 +168,7 @@ def train(cfg: config_lib.Config) -> dict:
                 config_lib.save(cfg, run.config)
                 log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {run.config}):\n"
                          + config_lib.describe(cfg))
+                log.info(config_lib.recipe_line(cfg, resume.state["config"] if resume is not None else None))
         start_step = resume.step if resume is not None else 0
         seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
         head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol, setup.teacher)
@@ -232,7 +233,7 @@ class Trainer:
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
                         mininterval=5, file=sys.stderr, dynamic_ncols=True)
         window = Throughput(plan.global_batch // self.world, self.world)
-        loss, started, step = float("nan"), time.time(), start_step
+        loss, started, step, timed_from = float("nan"), time.time(), start_step, None
         try:
             if cfg.val_at_start and start_step == 0:
                 with comm.fail_together("verification"):
@@ -257,6 +258,11 @@ class Trainer:
                 watchdog.progress()
                 progress.update(1)
                 done = step + 1
+                if timed_from and done == timed_from[0] + run_plan.COST_STEPS:   # a real recipe on CPU: its cost
+                    per_step = (time.time() - timed_from[1]) / run_plan.COST_STEPS
+                    log.info(run_plan.cost_line(per_step, plan.steps_per_epoch, plan.max_update, done))
+                if done == start_step + 1 and self.rank == 0 and run_plan.wants_cost_estimate(cfg, plan.context):
+                    timed_from = (done, time.time())
                 if done % cfg.frequent == 0 or done == plan.max_update:
                     self.log_progress(done, batch.epoch, loss, lr, window.close_window(plan.max_update - done))
                 paused = time.time()
