@@ -1,5 +1,6 @@
 """The margins the head accepts (Margin): the combined margin of ArcFace / CosFace /
-SphereFace-style losses (CombinedMarginLoss) and AdaFace (AdaFaceMargin, below).
+SphereFace-style losses (CombinedMarginLoss), AdaFace, ElasticFace, MagFace, CurricularFace
+and sub-center ArcFace (their classes below; LOSSES names every preset; docs/losses.md).
 
 Target logit  f(c) = s * (cos(m1 * acos(c) + m2) - m3),  other logits s * c.
 

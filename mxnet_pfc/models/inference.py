@@ -3,7 +3,7 @@
 A model is named by any of
   - a prefix of an MXNet checkpoint, PREFIX-symbol.json + PREFIX-0000.params
     (or "PREFIX,EPOCH" for PREFIX-EPOCH.params, as InsightFace names them);
-  - a training checkpoint folder (OUTPUT/checkpoints/step-N): its rank-averaged
+  - a training checkpoint folder (OUTPUT/checkpoints/ckpt-SEQUENCE-step-STEP): its rank-averaged
     backbone, rebuilt without dropout;
   - a training output folder: its exported model-*, else its latest checkpoint.
 """

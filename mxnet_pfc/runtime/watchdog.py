@@ -102,7 +102,8 @@ def _describe(frame) -> str:
 
 def where(frame) -> str:
     """'FUNCTION (FILE:LINE)' of the innermost frame, and the innermost of this package's when that is
-    another's or comm.py ('read (folders.py:88)', 'sleep_a_while (x.py:3), called from Trainer.run (train.py:250)')."""
+    another's or comm.py ('read (folders.py:88)', 'sleep_a_while (x.py:3), called from Trainer.run
+    (trainer.py:250)')."""
     if frame is None:
         return "an unknown place (the main thread has ended)"
     text = _describe(frame)
