@@ -5,7 +5,7 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup doctor test lint run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory clean-venv
+.PHONY: setup doctor test test-fast lint run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -16,6 +16,10 @@ doctor: setup                ## what this machine will run: MXNet's build, the G
 test: setup                  ## the lint, then the whole test suite (what .ci/run calls)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests
+
+test-fast: setup             ## the lint, then the unit and single-process tests (a test that launches ranks is skipped)
+	$(VENV)/bin/ruff check .
+	MXNET_PFC_FAST_TESTS=1 $(PY) -m pytest -q tests
 
 lint: setup                  ## the lint alone (rules in pyproject.toml)
 	$(VENV)/bin/ruff check .
