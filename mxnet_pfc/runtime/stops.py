@@ -299,6 +299,9 @@ def stop_on_error(error: Exception) -> int:
         contact = str(error) if isinstance(error, comm.LostRankError) else comm.lost_peer_message()
         cause = other_rank_cause()
         record_failure(LOST_CONTACT + contact)      # so that no rank takes this one's exit for a silent death
+        ending = None if cause else slurm.job_ending()      # None at once outside a Slurm job
+        if ending is not None:      # scancel, a time limit: another task got Slurm's SIGTERM and left first
+            cause = f"{ending}; Slurm ended the other tasks first"
         error = comm.LostRankError(f"{cause} ({contact})" if cause else contact)
     elif not isinstance(error, comm.RankFailedError):
         record_failure(f"{type(error).__name__}: {error}")     # for the ranks the launcher ends next
