@@ -29,9 +29,9 @@ import numpy as np
 from mxnet_pfc.models.export import ONNX_OPSETS, export_model, export_onnx
 from mxnet_pfc.models.inference import ModelError, load_model
 from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
+from mxnet_pfc.runtime import checkpoints
 from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
-from mxnet_pfc.training import checkpoint
 
 log = logging.getLogger("mxnet_pfc.export")
 
@@ -41,9 +41,9 @@ def default_prefix(model: str) -> str:
     checkpoint (where the training exports its model); beside any other checkpoint folder, under its name
     (it is not the run's model, and a checkpoint outside a run has no OUTPUT/model)."""
     folder = os.path.abspath(model)
-    if checkpoint.is_checkpoint(folder):
+    if checkpoints.is_checkpoint(folder):
         run = RunFolder.holding(folder)
-        newest = checkpoint.latest(run.checkpoints) if run is not None else None
+        newest = checkpoints.latest(run.checkpoints) if run is not None else None
         if newest is not None and os.path.realpath(newest.path) == os.path.realpath(folder):
             return run.model
         return folder
@@ -56,7 +56,7 @@ def source_verification(model: str) -> "tuple[str, str] | None":
     """(the model prefix a training verified at its end, its verification file) for what MODEL names: a run
     folder, one of its checkpoints, or an exported prefix; None when there is none."""
     folder = os.path.abspath(split_prefix(model)[0])
-    if checkpoint.is_checkpoint(folder):
+    if checkpoints.is_checkpoint(folder):
         run = RunFolder.holding(folder)
         prefix = run.model if run is not None else None
     else:
@@ -134,7 +134,7 @@ def run(args) -> int:
     prefix = args.prefix or default_prefix(args.model)
     if not os.path.isdir(args.model) and os.path.abspath(prefix) == os.path.abspath(split_prefix(args.model)[0]):
         raise ModelError(f"--prefix {prefix} would overwrite the model it reads; choose another")
-    if checkpoint.is_checkpoint(os.path.dirname(os.path.abspath(prefix))):
+    if checkpoints.is_checkpoint(os.path.dirname(os.path.abspath(prefix))):
         raise ModelError(f"--prefix {prefix} is inside a checkpoint's folder, whose files it could replace and "
                          "which is removed when newer checkpoints are kept; choose another")
     verification, why = verification_of(args.model, prefix, arg_params, aux_params)

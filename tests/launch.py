@@ -213,14 +213,14 @@ def last_logged_step(output) -> int:
 
 def ckpt(root, step: int) -> Path:
     """The checkpoint folder under `root` labelled `step` (one only: the tests' runs do not renumber)."""
-    from mxnet_pfc.training import checkpoint
-    return Path(checkpoint.locate(str(root), str(step)))
+    from mxnet_pfc.runtime import checkpoints
+    return Path(checkpoints.locate(str(root), str(step)))
 
 
 def saved_steps(root) -> "list[int]":
     """The step labels of the complete checkpoints under `root`, in the order they were written."""
-    from mxnet_pfc.training import checkpoint
-    return [saved.step for saved in checkpoint.list_checkpoints(str(root))]
+    from mxnet_pfc.runtime import checkpoints
+    return [saved.step for saved in checkpoints.list_checkpoints(str(root))]
 
 
 def held_samples(event: dict) -> int:

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,9 +19,8 @@ from launch import REFERENCE_RUN as RUN
 from launch import REPO, ckpt, config_sh, final_summary, losses, run_command, run_ranks, saved_steps, tiny_synthetic_run
 from mxnet_pfc.head import memory_bank
 from mxnet_pfc.head.sampler import shard_range
-from mxnet_pfc.runtime import files
+from mxnet_pfc.runtime import checkpoints, files
 from mxnet_pfc.runtime.errors import CheckpointError
-from mxnet_pfc.training import checkpoint
 
 
 def test_checkpoints_are_written_and_pruned(reference):
@@ -28,11 +28,11 @@ def test_checkpoints_are_written_and_pruned(reference):
     root = run / "checkpoints"
     assert saved_steps(root) == [24, 30]          # 8 and 16 pruned: keep 2
     assert not [name for name in os.listdir(root) if name.endswith(".tmp")]
-    state = checkpoint.read_state(ckpt(root, 24))
-    assert (state["step"], state["world_size"], state["num_classes"]) == (24, 2, 40)
-    assert state["shards"] == [[0, 20], [20, 20]] and state["steps_per_epoch"] == 20
-    assert state["best"]["val"]["step"] in (10, 20)           # verification at 10 and 20 so far
-    assert ckpt(root, 24).name == "ckpt-000003-step-00000024" and state["sequence"] == 3
+    state = checkpoints.State.read(ckpt(root, 24))
+    assert (state.step, state.world_size, state.num_classes) == (24, 2, 40)
+    assert state.shards == [[0, 20], [20, 20]] and state.steps_per_epoch == 20
+    assert state.best["val"]["step"] in (10, 20)           # verification at 10 and 20 so far
+    assert ckpt(root, 24).name == "ckpt-000003-step-00000024" and state.sequence == 3
     names = set(os.listdir(ckpt(root, 24)))
     for expected in ("model-symbol.json", "model-0000.params", "model-average-symbol.json",
                      "model-average-0000.params", "optimizer-states.params", "state.json", "centers-rank00000.npy",
@@ -97,8 +97,8 @@ def test_trainer_resumes_onto_three_ranks(reference, tmp_path):
     assert "ranks 2 -> 3: centers and momentum re-sharded" in proc.stdout
     # the run's length is kept in samples too: 30 steps of 16 = 480 samples = 20 steps of 24
     assert "kept in samples" in proc.stdout and sorted(losses(resumed)) == list(range(16, 21))
-    final = checkpoint.read_state(ckpt(resumed / "checkpoints", 20))
-    assert final["world_size"] == 3 and final["shards"] == [[0, 14], [14, 13], [27, 13]]
+    final = checkpoints.State.read(ckpt(resumed / "checkpoints", 20))
+    assert final.world_size == 3 and final.shards == [[0, 14], [14, 13], [27, 13]]
 
 
 def test_mismatched_checkpoint_is_refused_on_every_rank(reference, tmp_path):
@@ -155,12 +155,12 @@ def test_shard_overlaps_refuse_a_gap():
 
 
 def test_resume_position():
-    state = dict(step=24, steps_per_epoch=20, global_batch=16)
-    assert checkpoint.resume_position(state, 20, 16) == (24, 1)
+    state = SimpleNamespace(step=24, steps_per_epoch=20, global_batch=16)     # the fields it reads of a State
+    assert checkpoints.resume_position(state, 20, 16) == (24, 1)
     # 3 ranks: 13 steps per epoch of 24 images; 4 steps of 16 = 64 images = 2 steps of 24 (floor)
-    assert checkpoint.resume_position(state, 13, 24) == (15, 1)
+    assert checkpoints.resume_position(state, 13, 24) == (15, 1)
     # 1 rank: 40 steps per epoch of 8; 4 x 16 = 8 steps of 8
-    assert checkpoint.resume_position(state, 40, 8) == (48, 1)
+    assert checkpoints.resume_position(state, 40, 8) == (48, 1)
 
 
 def test_locate_ignores_partial_and_unfinished_folders(tmp_path):
@@ -169,12 +169,12 @@ def test_locate_ignores_partial_and_unfinished_folders(tmp_path):
     os.makedirs(tmp_path / "ckpt-000002-step-00000020.tmp")     # a save that crashed
     os.makedirs(tmp_path / "ckpt-000003-step-00000030")         # no state.json: never published
     assert saved_steps(tmp_path) == [10]
-    assert checkpoint.locate(str(tmp_path), "latest").endswith("ckpt-000001-step-00000010")
+    assert checkpoints.locate(str(tmp_path), "latest").endswith("ckpt-000001-step-00000010")
     with pytest.raises(CheckpointError, match=r"no complete checkpoint at step 30 .*\(complete: "
                                                          r"ckpt-000001-step-00000010 \(step 10, state.json unreadable"):
-        checkpoint.locate(str(tmp_path), "30")
+        checkpoints.locate(str(tmp_path), "30")
     with pytest.raises(CheckpointError, match="format None"):
-        checkpoint.read_state(str(tmp_path / "ckpt-000001-step-00000010"))
+        checkpoints.State.read(str(tmp_path / "ckpt-000001-step-00000010"))
 
 
 def test_check_params_names_the_difference():
@@ -182,7 +182,7 @@ def test_check_params_names_the_difference():
     saved = {"fc1_weight": mx.nd.zeros((128, 256)), "old_bias": mx.nd.zeros((3,))}
     expected = {"fc1_weight": (512, 256), "conv_weight": (8, 3, 3, 3)}
     with pytest.raises(CheckpointError) as error:
-        checkpoint.check_params(saved, expected, "ckpt", "r50")
+        checkpoints.check_params(saved, expected, "ckpt", "r50")
     text = str(error.value)
     assert "missing conv_weight" in text and "unexpected old_bias" in text
     assert "fc1_weight: (128, 256) in the checkpoint, (512, 256) in r50" in text
@@ -203,8 +203,8 @@ def test_a_chain_of_resumes_keeps_the_first_runs_length():
     from mxnet_pfc.training import config as config_lib
     from mxnet_pfc.training.run_plan import run_length
     cfg = config_lib.parse_args(["--max_update", "48", "--output", "/tmp/unused"])
-    first = {"max_update": 48, "global_batch": 8, "config": {"max_update": 48}}
+    first = SimpleNamespace(max_update=48, global_batch=8, config={"max_update": 48})     # what it reads of a State
     assert run_length(cfg, 20, 16, first)[0] == 24
-    second = {"max_update": 24, "global_batch": 16, "config": {"max_update": 48}}
+    second = SimpleNamespace(max_update=24, global_batch=16, config={"max_update": 48})
     assert run_length(cfg, 20, 16, second)[0] == 24
     assert run_length(cfg, 20, 8, second)[0] == 48

@@ -22,8 +22,7 @@ from launch import (
     wait_until,
 )
 from launch import elastic_timeline as timeline
-from mxnet_pfc.runtime import supervisor
-from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime import checkpoints, supervisor
 
 
 def test_parse_hosts_reads_horovods_format():
@@ -35,9 +34,9 @@ def test_parse_hosts_reads_horovods_format():
 
 
 def kill_rank_1_once(output, supervisor, ready, what: str) -> str:
-    """Once the newest checkpoint is `ready` (a test on checkpoint.Saved) and both ranks run: rank 1
+    """Once the newest checkpoint is `ready` (a test on checkpoints.Saved) and both ranks run: rank 1
     SIGKILLed while rank 0 is frozen; the supervisor's output, once it has ended with exit 0."""
-    wait_until(lambda: ((newest := checkpoint.latest(str(output / "checkpoints"))) is not None and ready(newest)
+    wait_until(lambda: ((newest := checkpoints.latest(str(output / "checkpoints"))) is not None and ready(newest)
                         and trainer_pid(output, 0) and trainer_pid(output, 1)), 240, what, proc=supervisor)
     with frozen([trainer_pid(output, 0)]):
         os.kill(trainer_pid(output, 1), signal.SIGKILL)
@@ -240,7 +239,7 @@ def test_start_over_under_the_supervisor_continues_the_new_run_after_a_lost_rank
     assert launches[0] == "launch (start)" and "--resume latest" in launches[1], (events, out[-6000:])
     assert events[-1]["event"] == "finished", events
     moved = list((output / "earlier-runs").iterdir())
-    assert len(moved) == 1 and checkpoint.latest(str(moved[0] / "checkpoints")).samples_seen == 30 * 16
+    assert len(moved) == 1 and checkpoints.latest(str(moved[0] / "checkpoints")).samples_seen == 30 * 16
     records = [json.loads(line) for line in open(output / "metrics.jsonl")]
     trained = [r["samples"] for r in records if "loss" in r]
     assert trained == list(range(16, 48 * 16 + 1, 16)), trained      # the new run, every step once

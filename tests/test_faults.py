@@ -28,7 +28,7 @@ from launch import (
     trainer_pid,
     wait_until,
 )
-from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime import checkpoints
 
 # A dead process closes its sockets and the launcher ends the job at once (measured
 # well under a second here); this allows for a slow, loaded machine.
@@ -73,7 +73,7 @@ def test_killed_rank_stops_the_job_and_resume_continues_the_loss_curve(reference
     killed_step = last_logged_step(output)
     latest = saved_steps(output / "checkpoints")[-1]
     assert 16 <= latest < killed_step + 1
-    newest = checkpoint.latest(str(output / "checkpoints")).path
+    newest = checkpoints.latest(str(output / "checkpoints")).path
 
     resumed = run_command(config_sh(*tiny_synthetic_run(data, output, *REFERENCE_RUN, "--resume", "latest")),
                           timeout=300)
@@ -106,7 +106,7 @@ def test_kill_during_a_checkpoint_save_leaves_the_previous_one(reference, tmp_pa
     assert proc.returncode != 0, out[-3000:]
     root = output / "checkpoints"
     assert partial.exists() and saved_steps(root) == [8], os.listdir(root)
-    assert checkpoint.locate(root, "latest") == str(root / "ckpt-000001-step-00000008")
+    assert checkpoints.locate(root, "latest") == str(root / "ckpt-000001-step-00000008")
 
     resumed = run_command(config_sh(*run, "--resume", "latest", "--max_update", 17, "--val_targets", ""),
                           timeout=300)

@@ -14,7 +14,7 @@ import pytest
 from launch import TOY, ckpt, config_sh, final_summary, run_command, tiny_synthetic_run
 from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.head import margin
-from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime import checkpoints
 
 RUN = ("--max_update", 16, "--save_interval", 8, "--frequent", 1)
 
@@ -59,7 +59,7 @@ def test_a_resume_continues_the_margin_exactly_and_another_world_size_continues_
     continued = ", ".join(f"{name} {value!r}" for name, value in saved.items())
     assert f"the margin's running statistics continue: {continued}" in proc.stdout
     if loss == "elasticface-arc+":      # the draws go on from the 8 calls made: 16 more steps of half the batch
-        newest = checkpoint.latest(str(one_rank / "checkpoints"))
+        newest = checkpoints.latest(str(one_rank / "checkpoints"))
         assert newest.step == 32 and json.loads(open(f"{newest.path}/state.json").read())["margin_state"] == {
             "calls": 8 + 16}
 

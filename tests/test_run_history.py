@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from launch import REFERENCE_RUN, ckpt, config_sh, losses, rank_stop_line, run_command, saved_steps, tiny_synthetic_run
+from mxnet_pfc.runtime import checkpoints
 from mxnet_pfc.runtime.errors import CheckpointError
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint
@@ -33,9 +34,9 @@ def as_format_1(folder, legacy):
     pickled optimizer.states (Updater.get_states: {parameter index: momentum NDArray})."""
     shutil.copytree(folder, legacy)
     names = [n for n in mx.sym.load(str(legacy / "model-symbol.json")).list_arguments() if n != "data"]
-    arrays = mx.nd.load(str(legacy / checkpoint.OPTIMIZER_FILE))
+    arrays = mx.nd.load(str(legacy / checkpoints.OPTIMIZER_FILE))
     (legacy / "optimizer.states").write_bytes(pickle.dumps({names.index(k): v for k, v in arrays.items()}))
-    os.remove(legacy / checkpoint.OPTIMIZER_FILE)
+    os.remove(legacy / checkpoints.OPTIMIZER_FILE)
     state = json.loads((legacy / "state.json").read_text())
     state["format"] = 1
     for added in ("sequence", "num_images"):
@@ -102,7 +103,7 @@ def test_a_format_1_checkpoint_still_resumes_exactly(reference, tmp_path):
     as_format_1(ckpt(run / "checkpoints", 24), output / "checkpoints" / "step-00000024")
     resumes_as_the_uninterrupted_run(data, run, output)
     # the new checkpoints come after the old one, and hold arrays only
-    saved = checkpoint.list_checkpoints(str(output / "checkpoints"))
+    saved = checkpoints.list_checkpoints(str(output / "checkpoints"))
     assert [(c.sequence, c.step) for c in saved] == [(0, 24), (1, 30)]
     assert not (ckpt(output / "checkpoints", 30) / "optimizer.states").exists()
 
@@ -114,7 +115,7 @@ def test_a_format_2_checkpoint_still_resumes_exactly(reference, tmp_path):
     old = ckpt(run / "checkpoints", 24)
     as_format_2(old, output / "checkpoints" / old.name)
     resumes_as_the_uninterrupted_run(data, run, output)
-    newest = checkpoint.latest(str(output / "checkpoints"))
+    newest = checkpoints.latest(str(output / "checkpoints"))
     assert newest.step == 30 and json.loads(open(os.path.join(newest.path, "state.json")).read())["format"] == 3
 
 
@@ -130,7 +131,7 @@ def test_checkpoints_after_a_larger_batch_are_kept_and_picked_as_latest(referenc
     proc = run_command(config_sh(*args, "--resume", "latest"), timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert saved_steps(output / "checkpoints") == [28]
-    newest = checkpoint.latest(str(output / "checkpoints"))
+    newest = checkpoints.latest(str(output / "checkpoints"))
     assert "at step 15, epoch 1" in proc.stdout
     assert "global batch 16 -> 32: step 30 is step 15 here" in proc.stdout, proc.stdout[-3000:]
     assert (newest.step, newest.samples_seen, newest.world_size) == (28, 30 * 16 + 13 * 32, 2)

@@ -7,14 +7,15 @@ import os
 import re
 import shutil
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from launch import REFERENCE_RUN, ckpt, config_sh, run_command, tiny_synthetic_run
-from mxnet_pfc.runtime import errors
+from mxnet_pfc.runtime import checkpoints, errors
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
-from mxnet_pfc.training import checkpoint, resume
 from mxnet_pfc.training import config as config_lib
+from mxnet_pfc.training import resume
 
 BOUND = 1000         # characters: a message quoting a megabyte value stays below this
 
@@ -50,7 +51,7 @@ def test_quoted_values_are_cut_saying_how_long_they_were():
 def test_shards_that_do_not_tile_the_classes_are_refused_naming_them(tmp_path, shards, classes):
     write_state(tmp_path, shards=shards, world_size=len(shards), num_classes=classes)
     with pytest.raises(CheckpointError) as refused:
-        checkpoint.read_state(str(tmp_path))
+        checkpoints.State.read(str(tmp_path))
     assert str(refused.value) == (f"{tmp_path / 'state.json'}: field 'shards' does not split {classes} classes over "
                                   f"{len(shards)} ranks (rank r's [first class, count], contiguous from 0, none "
                                   f"empty): {shards}")
@@ -58,7 +59,7 @@ def test_shards_that_do_not_tile_the_classes_are_refused_naming_them(tmp_path, s
 
 def test_shards_as_the_trainer_writes_them_are_read(tmp_path):
     write_state(tmp_path, shards=[[0, 14], [14, 13], [27, 13]], world_size=3)
-    assert checkpoint.read_state(str(tmp_path))["shards"] == [[0, 14], [14, 13], [27, 13]]
+    assert checkpoints.State.read(str(tmp_path)).shards == [[0, 14], [14, 13], [27, 13]]
 
 
 def test_a_resume_onto_one_rank_refuses_overlapping_shards(reference, tmp_path):
@@ -82,7 +83,7 @@ def test_a_resume_onto_one_rank_refuses_overlapping_shards(reference, tmp_path):
 def test_a_megabyte_field_in_state_json_gives_a_short_message(tmp_path):
     write_state(tmp_path, step=list(range(10**6)))
     with pytest.raises(CheckpointError) as refused:
-        checkpoint.read_state(str(tmp_path))
+        checkpoints.State.read(str(tmp_path))
     assert len(str(refused.value)) < BOUND and "(1,000,000 items)" in str(refused.value)
     assert "field 'step' is [0, 1, 2, 3, 4, 5, 6, 7, ...] (1,000,000 items) (missing or damaged" in str(refused.value)
 
@@ -105,7 +106,8 @@ def test_a_resume_says_briefly_what_a_checkpoints_run_started_from():
     """The notes of a resume quote the checkpoint's configuration (its --pretrained, --teacher, --loss)."""
     huge = [f"zoo/model-{k}" for k in range(10**5)]
     cfg = config_lib.make_config({"pretrained": "zoo/other", "teacher": "zoo/teacher"})
-    notes = resume.starting_point_notes({"config": {"pretrained": huge, "teacher": huge}}, cfg)
+    state = SimpleNamespace(config={"pretrained": huge, "teacher": huge})      # the field it reads of a State
+    notes = resume.starting_point_notes(state, cfg)
     assert len(notes) == 2 and all(len(note) < BOUND and "(100,000 items)" in note for note in notes), notes
 
 

@@ -16,10 +16,11 @@ import pytest
 import symbols
 from launch import ckpt, config_sh, losses, own_set_run, rank_stop_line, run_command
 from mxnet_pfc.head.sampler import shard_range
+from mxnet_pfc.models import inference
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
-from mxnet_pfc.training import checkpoint, starting_point
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
+from mxnet_pfc.training import starting_point
 
 
 def verification_records(output) -> dict:
@@ -73,13 +74,13 @@ def test_a_fine_tune_starts_from_the_pretrained_backbone_exactly_with_imprinted_
     a_params = {key.partition(":")[2]: value for key, value in a_params.items()}
 
     def assert_backbone_is_a(folder):
-        arg, aux = checkpoint.load_backbone(str(folder), 0, same_world=True)
+        arg, aux = inference.load_backbone(str(folder), 0, same_world=True)
         assert set(arg) | set(aux) == set(a_params)
         for name, value in {**arg, **aux}.items():
             assert np.array_equal(value.asnumpy(), a_params[name].asnumpy()), (folder, name)
 
     assert_backbone_is_a(ckpt(random_centers / "checkpoints", 4))
-    at_6 = checkpoint.load_backbone(str(ckpt(random_centers / "checkpoints", 6)), 0, same_world=True)[0]
+    at_6 = inference.load_backbone(str(ckpt(random_centers / "checkpoints", 6)), 0, same_world=True)[0]
     assert any(not np.array_equal(value.asnumpy(), a_params[name].asnumpy()) for name, value in at_6.items())
     momentum_4 = np.load(ckpt(random_centers / "checkpoints", 4) / "momentum-rank00000.npy")
     assert np.abs(momentum_4).max() > 0         # the centers moved (their momentum starts at zero)

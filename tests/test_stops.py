@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from mxnet_pfc.runtime import comm, stops
+from mxnet_pfc.runtime import comm, failure_records, stops
 from mxnet_pfc.runtime.run_folder import RunFolder
 
 
@@ -33,15 +33,15 @@ def test_a_rank_that_lost_contact_too_is_not_called_killed(two_ranks_here, monke
     record, so a rank that looks later does not take its exit for a silent death, and the elastic
     supervisor (first_failure) does not take it for an error of the run's own."""
     logs, _ = two_ranks_here
-    monkeypatch.setattr(stops, "_abort", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    monkeypatch.setattr(stops, "abort", lambda code: (_ for _ in ()).throw(SystemExit(code)))
     monkeypatch.setattr(comm, "rank", lambda: 1)          # rank 1 stops first, on a lost peer
     with pytest.raises(SystemExit):
         stops.stop_on_error(comm.LostRankError("step 19: lost contact with the other ranks"))
     record = open(logs / "failed-rank1.txt").read()
-    assert record.startswith(stops.LOST_CONTACT), record
+    assert record.startswith(failure_records.LOST_CONTACT), record
     monkeypatch.setattr(comm, "rank", lambda: 0)          # then rank 0, whose peer has exited
     assert stops.other_rank_cause() is None
-    assert stops.first_failure(stops.read_records(RunFolder(str(logs.parent)), range(2))) is None
+    assert failure_records.first_failure(failure_records.read(RunFolder(str(logs.parent)), range(2))) is None
     # a failure of its own still counts
     (logs / "failed-rank1.txt").write_text("DataError: record 7 is damaged\n")
     assert stops.other_rank_cause() == "rank 1 failed: DataError: record 7 is damaged"
@@ -65,7 +65,7 @@ def test_the_first_crash_is_named_when_a_peer_crashed_after_it(tmp_path, monkeyp
 def test_a_rank_ended_by_the_launcher_after_a_lost_contact_says_so(two_ranks_here, monkeypatch):
     """Rank 1 stopped on a lost peer; the launcher then ends rank 0 with SIGTERM: not 'interrupted'."""
     logs, _ = two_ranks_here
-    (logs / "failed-rank1.txt").write_text(stops.LOST_CONTACT + "step 5: lost contact with the other ranks\n")
+    (logs / "failed-rank1.txt").write_text(failure_records.LOST_CONTACT + "step 5: lost contact with the other ranks\n")
     message = stops.explain_signal(15)
     assert message.startswith("stopping: rank 1 lost contact with the other ranks") and "interrupted" not in message
 
@@ -73,6 +73,6 @@ def test_a_rank_ended_by_the_launcher_after_a_lost_contact_says_so(two_ranks_her
 def test_an_own_failure_record_is_not_replaced_by_the_signal_that_follows(two_ranks_here):
     logs, _ = two_ranks_here
     stops.record_failure("DataError: record 7 is damaged")
-    stops.record_failure(stops.SIGNALLED + "SIGTERM")
-    stops.record_failure(stops.LOST_CONTACT + "step 5: lost contact")
+    stops.record_failure(failure_records.SIGNALLED + "SIGTERM")
+    stops.record_failure(failure_records.LOST_CONTACT + "step 5: lost contact")
     assert open(logs / "failed-rank0.txt").read() == "DataError: record 7 is damaged\n"

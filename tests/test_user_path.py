@@ -33,8 +33,7 @@ from launch import (
 )
 from mxnet_pfc.data import synthetic_set
 from mxnet_pfc.data.records import DataError, RecordWriter
-from mxnet_pfc.runtime import run_lock
-from mxnet_pfc.training import checkpoint
+from mxnet_pfc.runtime import checkpoints, run_lock
 
 
 def write_users_set(folder, identities, images_per_identity, seed=0):
@@ -98,8 +97,8 @@ def test_resume_on_fewer_ranks_trains_what_is_left(reference, tmp_path):
     assert "kept in samples" in proc.stdout and "at step 48, epoch 1" in proc.stdout
     got = losses(resumed)
     assert sorted(got) == list(range(49, 61)) and all(np.isfinite(list(got.values())))
-    final = checkpoint.read_state(ckpt(resumed / "checkpoints", 60))
-    assert final["step"] == 60 and final["world_size"] == 1
+    final = checkpoints.State.read(ckpt(resumed / "checkpoints", 60))
+    assert final.step == 60 and final.world_size == 1
     before = np.concatenate([np.load(ckpt(run / "checkpoints", 24) / f"centers-rank{r:05d}.npy")
                              for r in range(2)])
     after = np.load(ckpt(resumed / "checkpoints", 60) / "centers-rank00000.npy")

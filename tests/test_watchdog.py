@@ -21,7 +21,7 @@ from launch import (
     start_command,
     tiny_synthetic_run,
 )
-from mxnet_pfc.runtime import stops
+from mxnet_pfc.runtime import failure_records, stops
 from mxnet_pfc.runtime.run_folder import RunFolder
 
 STALL_TIMEOUT = 12       # seconds (warning at a quarter); each test's bound allows for a slow, loaded machine on top
@@ -140,10 +140,10 @@ def check_stuck_run(proc, output, tmp_path, out):
     stacks = (logs / "stacks-rank1.txt").read_text()
     assert STUCK_FUNCTION in stacks and "Thread MainThread" in stacks and "Thread watchdog" in stacks, stacks
     assert "no progress for" in (logs / "rank1.log").read_text()          # the warning, then the stop
-    records = stops.read_records(RunFolder(str(output)), range(2))
-    assert records[1].startswith(stops.STALLED), records
+    records = failure_records.read(RunFolder(str(output)), range(2))
+    assert records[1].startswith(failure_records.STALLED), records
     # no error of the run's own: the elastic supervisor relaunches (supervisor.job_failure)
-    assert stops.first_failure(records) is None, records
+    assert failure_records.first_failure(records) is None, records
     assert "done:" not in out
 
 
@@ -211,20 +211,20 @@ def test_a_fifo_as_a_verification_set_stops_the_job(data, tmp_path):
 
 
 def test_stall_records_are_no_error_of_the_runs_own(tmp_path, monkeypatch):
-    """The elastic supervisor relaunches after a stall (supervisor.job_failure is stops.first_failure), and a
+    """The elastic supervisor relaunches after a stall (supervisor.job_failure is failure_records.first_failure), and a
     signal that ends a rank after its stall record does not replace it."""
     from mxnet_pfc.runtime import comm
     monkeypatch.setattr(comm, "size", lambda: 2)
     monkeypatch.setattr(comm, "rank", lambda: 0)
     monkeypatch.setitem(stops._state, "run", RunFolder(str(tmp_path)))
     os.makedirs(tmp_path / "logs")
-    (tmp_path / "logs" / "failed-rank1.txt").write_text(stops.STALLED + "made no progress for 9 s, stuck in f "
-                                                                    "(x.py:3), outside any collective\n")
-    stops.record_failure(stops.WAITED + "in collective 'pfc.batch' for 8 s, at g (y.py:4)")
-    stops.record_failure(stops.SIGNALLED + "SIGTERM")
-    records = stops.read_records(RunFolder(str(tmp_path)), range(2))
-    assert records[0].startswith(stops.WAITED), records
-    assert stops.first_failure(records) is None
-    assert stops.stall_cause(records) == ("rank 1 made no progress for 9 s, stuck in f (x.py:3), outside any "
+    (tmp_path / "logs" / "failed-rank1.txt").write_text(
+        failure_records.STALLED + "made no progress for 9 s, stuck in f (x.py:3), outside any collective\n")
+    stops.record_failure(failure_records.WAITED + "in collective 'pfc.batch' for 8 s, at g (y.py:4)")
+    stops.record_failure(failure_records.SIGNALLED + "SIGTERM")
+    records = failure_records.read(RunFolder(str(tmp_path)), range(2))
+    assert records[0].startswith(failure_records.WAITED), records
+    assert failure_records.first_failure(records) is None
+    assert failure_records.stall_cause(records) == ("rank 1 made no progress for 9 s, stuck in f (x.py:3), outside any "
                                           "collective; rank 0 waited for it in collective 'pfc.batch' for 8 s, "
                                           "at g (y.py:4)")

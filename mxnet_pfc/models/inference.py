@@ -18,10 +18,10 @@ import numpy as np
 
 import symbols
 from mxnet_pfc.data.faces import FACE_SIZE, full_batch
-from mxnet_pfc.runtime.errors import PfcError
-from mxnet_pfc.runtime.mxnet_files import load_checkpoint
+from mxnet_pfc.runtime import checkpoints
+from mxnet_pfc.runtime.errors import CheckpointError, PfcError, mxnet_reason
+from mxnet_pfc.runtime.mxnet_files import load_arrays, load_checkpoint
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
-from mxnet_pfc.training import checkpoint
 
 
 class ModelError(PfcError, ValueError):
@@ -78,12 +78,30 @@ def float32_params(symbol: mx.sym.Symbol, arg_params: dict, aux_params: dict, wh
     return args, {n: aux_params[n].astype("float32") for n in wanted_aux}
 
 
+def load_backbone(path: str, rank: int, same_world: bool, average: bool = False):
+    """(arg_params, aux_params) of checkpoint folder `path` for rank `rank`: rank 0's weights with the
+    rank's own BatchNorm statistics; on a different number of ranks (or with average=True) the rank-averaged
+    statistics (average=True: the averaged weights too, the model for inference)."""
+    average_prefix = os.path.join(path, checkpoints.AVERAGE_MODEL)
+    try:
+        _, arg_params, aux_params = load_checkpoint(
+            average_prefix if average else os.path.join(path, checkpoints.MODEL), 0, CheckpointError)
+        own = checkpoints.aux_file(path, rank)
+        if same_world and not average and os.path.exists(own):
+            aux_params = load_arrays(own, CheckpointError)
+        elif not average:
+            _, _, aux_params = load_checkpoint(average_prefix, 0, CheckpointError)
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read the backbone: {mxnet_reason(error)}") from None
+    return arg_params, aux_params
+
+
 def model_of_run_folder(path: str) -> str:
     """The model a training output folder holds: its exported prefix, else its latest checkpoint folder."""
     run = RunFolder(path)
     if os.path.exists(run.model_files.symbol):
         return run.model
-    newest = checkpoint.latest(run.checkpoints)
+    newest = checkpoints.latest(run.checkpoints)
     if newest is not None:
         return newest.path
     raise ModelError(f"{path}: a folder without a model (model-symbol.json), checkpoint (state.json) "
@@ -93,16 +111,15 @@ def model_of_run_folder(path: str) -> str:
 def load_model(path: str):
     """(symbol, arg_params, aux_params, description) of the model `path` names (see the module docstring)."""
     if os.path.isdir(path):
-        if checkpoint.is_checkpoint(path):
-            state = checkpoint.read_state(path)
-            arg_params, aux_params = checkpoint.load_backbone(path, 0, same_world=False, average=True)
-            network = state["config"]["network"]
-            if symbols.is_symbol_file(network):        # the graph as trained, saved beside its parameters
-                symbol = load_checkpoint(os.path.join(path, "model-average"), 0, ModelError)[0]
+        if checkpoints.is_checkpoint(path):
+            state = checkpoints.State.read(path)
+            arg_params, aux_params = load_backbone(path, 0, same_world=False, average=True)
+            if symbols.is_symbol_file(state.network):        # the graph as trained, saved beside its parameters
+                symbol = load_checkpoint(os.path.join(path, checkpoints.AVERAGE_MODEL), 0, ModelError)[0]
             else:
-                symbol = inference_symbol(network, state["embedding_size"])
+                symbol = inference_symbol(state.network, state.embedding_size)
             arg_params, aux_params = float32_params(symbol, arg_params, aux_params, path)
-            return symbol, arg_params, aux_params, f"checkpoint {path} ({network}, step {state['step']})"
+            return symbol, arg_params, aux_params, f"checkpoint {path} ({state.network}, step {state.step})"
         return load_model(model_of_run_folder(path))
     prefix, epoch = split_prefix(path)
     files = [ModelFiles(prefix).symbol, ModelFiles(prefix).params(epoch)]

@@ -15,9 +15,7 @@ See docs/DESIGN.md sections 2 (the head's three collectives) and 6 (failures).
 """
 from __future__ import annotations
 
-import logging
 import os
-import sys
 import time
 from contextlib import contextmanager
 from typing import Callable
@@ -307,15 +305,3 @@ def lost_peer_message() -> str:
     bounds = ", ".join(f"{name}={os.environ.get(name, '?')}" for name in FAULT_BOUNDS)
     return (f"lost contact with the other ranks: a collective failed because a rank died, froze or became "
             f"unreachable (the launcher's output names the first rank that exited; bounds: {bounds})")
-
-
-def abort(code: int) -> None:
-    """Exit now, without MXNet's and Horovod's exit handlers.
-
-    After a failed collective those handlers wait for operations that can never
-    complete (or raise again), so a clean exit could hang instead of ending the job.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

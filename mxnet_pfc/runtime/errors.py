@@ -12,8 +12,8 @@ keep MXNet's reason (mxnet_reason here). A message that
 quotes a value from a file or an option quotes it through quoted() or short(),
 which cut it to a few hundred characters.
 The subclasses keep a builtin base (ValueError, RuntimeError ...) as well, so
-code that caught those before keeps working. MXNet is imported by the loaders
-only, so a module that needs no MXNet (data.faces, plan) does not load it
+code that caught those before keeps working. This module imports no MXNet, so
+a module that needs none (data.faces, plan, the supervisor) does not load it
 through this one.
 """
 import re
@@ -90,10 +90,9 @@ def mxnet_reason(error: BaseException) -> str:
     its parser) reaches Python as a UnicodeDecodeError in MXNet's own error
     handling: the message is read again, those bytes replaced.
     """
-    import mxnet as mx
-
     text = str(error)
-    if isinstance(error, UnicodeDecodeError):
+    mx = sys.modules.get("mxnet")       # loaded by whoever ran MXNet; this module never loads it
+    if isinstance(error, UnicodeDecodeError) and mx is not None:
         text = mx.base._LIB.MXGetLastError().decode("utf-8", "replace") or text
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if not lines:

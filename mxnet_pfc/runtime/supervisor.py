@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from mxnet_pfc.runtime import run_records, slurm
+from mxnet_pfc.runtime import checkpoints, failure_records, run_records, slurm
 from mxnet_pfc.runtime.errors import quoted
 from mxnet_pfc.runtime.run_folder import RunFolder
 
@@ -268,27 +268,24 @@ def launcher_options(horovodrun_args: str, hosts: "list[str]") -> "list[str]":
 def job_failure(run: RunFolder, ranks: int) -> "str | None":
     """A failure of the run's own (a failure record that is not a signal or a lost contact), or None:
     a lost rank."""
-    from mxnet_pfc.runtime import stops  # the trainer's record format; imported late (stops imports MXNet)
-    return stops.first_failure(stops.read_records(run, range(ranks)))
+    return failure_records.first_failure(failure_records.read(run, range(ranks)))
 
 
 def died_reading(run: RunFolder, ranks: int) -> "tuple[int, str, str] | None":
     """(rank, file, how it died) for the lowest rank of the job that ended that died reading a file whole
     (reading.py's note), or None."""
-    from mxnet_pfc.runtime import stops  # imported late, as in job_failure
     for rank in range(ranks):
         file = run_records.died_reading(run, rank)
         if file is not None:
-            how = stops.crash_summary(run.crash_record(rank)) or "no crash record: killed (SIGKILL, the " \
-                                                                "out-of-memory killer) or its host lost"
+            how = failure_records.crash_summary(run.crash_record(rank)) or "no crash record: killed (SIGKILL, " \
+                                                                          "the out-of-memory killer) or its host lost"
             return rank, file, how
     return None
 
 
 def newest_checkpoint(run: RunFolder):
-    """The newest complete checkpoint of the output folder (checkpoint.Saved), or None."""
-    from mxnet_pfc.training import checkpoint
-    return checkpoint.latest(run.checkpoints)
+    """The newest complete checkpoint of the output folder (checkpoints.Saved), or None."""
+    return checkpoints.latest(run.checkpoints)
 
 
 def held(run: RunFolder) -> str:

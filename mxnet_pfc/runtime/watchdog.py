@@ -15,13 +15,13 @@ of each rank watches that rank's progress:
   and a waiting rank reads the others';
 - no progress for timeout/4 s: a warning saying where the rank is;
 - for the whole --stall_timeout: every thread's stack to
-  OUTPUT/logs/stacks-rankR.txt, a record (stops.STALLED: stuck outside any
-  collective, or stops.WAITED: waiting in one), and the rank ends (comm.abort).
+  OUTPUT/logs/stacks-rankR.txt, a record (failure_records.STALLED: stuck outside
+  any collective, or WAITED: waiting in one), and the rank ends (failure_records.abort).
   A stuck rank ends at once; the launcher then ends the others, whose messages
   name it and where it was (stops.other_rank_cause). A rank waiting in a
   collective gives the stuck rank timeout/4 s more to end first.
 The elastic supervisor takes a stall for a lost rank and relaunches
-(stops.NOT_OWN_FAILURE). See docs/DESIGN.md section 6.6.
+(failure_records.NOT_OWN_FAILURE). See docs/DESIGN.md section 6.6.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ import time
 import traceback
 from contextlib import contextmanager
 
-from mxnet_pfc.runtime import comm, stops
+from mxnet_pfc.runtime import comm, failure_records
+from mxnet_pfc.runtime.failure_records import STALLED, WAITED
 from mxnet_pfc.runtime.logs import ROOT_LOGGER
 from mxnet_pfc.runtime.run_folder import RunFolder
 
@@ -178,7 +179,7 @@ class _Watch:
             if self.recorded:       # waited past the timeout, then the others went on: no stall to report
                 self.recorded = False
                 path = self.run_folder.failure_record(self.rank)
-                if stops.read_records(self.run_folder, [self.rank]).get(self.rank, "").startswith(stops.WAITED):
+                if failure_records.read(self.run_folder, [self.rank]).get(self.rank, "").startswith(WAITED):
                     os.remove(path)
             return
         place = f"waiting in collective '{waiting}' at {where(frame)}" if waiting else f"in {where(frame)}"
@@ -189,15 +190,16 @@ class _Watch:
         if idle < self.timeout:
             return
         if waiting is None:         # the stuck rank: it ends now, and the launcher ends the others
-            self.stop(stops.STALLED + f"made no progress for {idle:.0f} s, stuck in {where(frame)}, outside any "
+            self.stop(STALLED + f"made no progress for {idle:.0f} s, stuck in {where(frame)}, outside any "
                                       f"collective (every thread's stack: {self.dump_stacks(idle, place)})")
             return
         if not self.recorded:
             self.recorded = True
-            stops.record_failure(stops.WAITED + f"in collective '{waiting}' for {idle:.0f} s, at {where(frame)} "
-                                                f"(every thread's stack: {self.dump_stacks(idle, place)})")
-        others = stops.read_records(self.run_folder, (r for r in range(self.world) if r != self.rank))
-        if any(message.startswith(stops.STALLED) for message in others.values()) \
+            failure_records.write(self.run_folder, self.rank,
+                                  WAITED + f"in collective '{waiting}' for {idle:.0f} s, at {where(frame)} "
+                                  f"(every thread's stack: {self.dump_stacks(idle, place)})")
+        others = failure_records.read(self.run_folder, (r for r in range(self.world) if r != self.rank))
+        if any(message.startswith(STALLED) for message in others.values()) \
                 or idle >= self.timeout + self.warn_after:
             self.stop(None)
 
@@ -242,10 +244,10 @@ class _Watch:
     def stop(self, record: "str | None") -> None:
         """Record (unless done), say why on stderr and in the log, and end this rank."""
         if record is not None:
-            stops.record_failure(record)
-        records = stops.read_records(self.run_folder, range(self.world))
-        cause = stops.stall_cause(records) or f"rank {self.rank} made no progress for {self.timeout:g} s"
+            failure_records.write(self.run_folder, self.rank, record)
+        records = failure_records.read(self.run_folder, range(self.world))
+        cause = failure_records.stall_cause(records) or f"rank {self.rank} made no progress for {self.timeout:g} s"
         message = f"stopping: {cause}; resume with --resume latest"
         os.write(2, f"\nrank {self.rank}: {message}\n".encode())    # on a line of its own (a progress bar)
         log.error(message)
-        stops._abort(1)
+        failure_records.abort(1)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 import symbols
+from mxnet_pfc.models.inference import ModelError, load_model
 from mxnet_pfc.runtime.errors import ConfigError, quoted
 
 TEACHER_INPUT = "teacher_embedding"       # the student graph's second input: the teacher's embeddings
@@ -46,9 +47,6 @@ def read_teacher(spec: str, image_size: int) -> Teacher:
     """The model --teacher names (an exported prefix[,epoch], a checkpoint or a run folder, as the
     commands read models); ConfigError naming it if it cannot be read or does not embed faces of the
     student's input size."""
-    # imported here: inference reads checkpoints, whose module imports the training module, which imports this
-    from mxnet_pfc.models.inference import ModelError, load_model
-
     try:
         symbol, arg_params, aux_params, source = load_model(spec)
     except ModelError as error:

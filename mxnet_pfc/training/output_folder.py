@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import time
 
+from mxnet_pfc.runtime import checkpoints
 from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.runtime.run_folder import RunFolder
-from mxnet_pfc.training import checkpoint
 
 
 class OutputHoldsRunError(PfcError, RuntimeError):
@@ -27,7 +27,7 @@ def prepare(run: RunFolder, resume: str, start_over: bool) -> str:
 
     Called on rank 0 with the output lock held.
     """
-    newest = checkpoint.latest(run.checkpoints)
+    newest = checkpoints.latest(run.checkpoints)
     if newest is None or resume:
         return ""
     if not start_over:

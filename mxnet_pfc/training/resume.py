@@ -3,7 +3,7 @@
 `read` runs before any collective (a failure there is agreed on with the rest
 of setup); `restore` fills the module and the memory bank once they exist.
 On another number of ranks the centers are re-sharded (memory_bank.py) and
-the position is kept in samples seen (checkpoint.resume_position).
+the position is kept in samples seen (checkpoints.resume_position).
 
 See docs/DESIGN.md section 5.3.
 """
@@ -14,18 +14,20 @@ from dataclasses import dataclass
 import mxnet as mx
 
 import symbols
-from mxnet_pfc.runtime.errors import quoted, short
+from mxnet_pfc.models.inference import load_backbone
+from mxnet_pfc.runtime import checkpoints
+from mxnet_pfc.runtime.checkpoints import State
+from mxnet_pfc.runtime.errors import CheckpointError, quoted, short
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint, distill
 from mxnet_pfc.training import config as config_lib
-from mxnet_pfc.training.checkpoint import CheckpointError
 
 
 @dataclass(frozen=True)
 class Resume:
     """A checkpoint checked against this run, with this rank's backbone parameters."""
     path: str
-    state: dict            # the checkpoint's state.json
+    state: State           # the checkpoint's state.json
     arg_params: dict
     aux_params: dict
     step: int              # the last step done, in this run's numbering
@@ -40,22 +42,35 @@ def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int
     """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes.
     `projection_shape`: the shape of the distillation projection this run learns (distill.py), if any,
     which a checkpoint of a distilled run holds beside the backbone."""
-    path = checkpoint.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
-    state = checkpoint.read_state(path)
+    path = checkpoints.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
+    state = State.read(path)
     margin = config_lib.margin_of(cfg)
-    checkpoint.check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network, margin.subcenters)
-    arg_params, aux_params = checkpoint.load_backbone(path, rank, same_world=state["world_size"] == world)
+    check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network, margin.subcenters)
+    arg_params, aux_params = load_backbone(path, rank, same_world=state.world_size == world)
     saved_projection = arg_params.pop(distill.PROJECTION_WEIGHT, None)
     arg_shapes, aux_shapes = symbols.parameter_shapes(symbol, (cfg.batch_size, 3, cfg.image_size, cfg.image_size))
-    checkpoint.check_params(arg_params, arg_shapes, path, cfg.network)
-    checkpoint.check_params(aux_params, aux_shapes, path, cfg.network)
-    step, epoch = checkpoint.resume_position(state, steps_per_epoch, global_batch)
+    checkpoints.check_params(arg_params, arg_shapes, path, cfg.network)
+    checkpoints.check_params(aux_params, aux_shapes, path, cfg.network)
+    step, epoch = checkpoints.resume_position(state, steps_per_epoch, global_batch)
     changes = describe_changes(state, path, cfg.seed, world, steps_per_epoch, global_batch, num_images, step)
     margin_state, margin_change = margin_state_to_continue(state, path, cfg.loss, margin)
     saved_projection, projection_change = projection_to_continue(saved_projection, projection_shape)
     return Resume(path, state, arg_params, aux_params, step, epoch,
                   changes + margin_change + projection_change + starting_point_notes(state, cfg), margin_state,
                   saved_projection)
+
+
+def check_compatible(state: State, path: str, num_classes: int, embedding_size: int, network: str,
+                     subcenters: int = 1) -> None:
+    """The checkpoint's head and backbone must be the configured ones; the message says which differs.
+
+    A network given as a symbol file is known by its graph, not its name: check_params compares the
+    parameters' names and shapes."""
+    problems = checkpoints.head_mismatches(state, num_classes, embedding_size, subcenters)
+    if state.network != network and not (symbols.is_symbol_file(state.network) or symbols.is_symbol_file(network)):
+        problems.append(f"its network is {state.network}, the configuration's {network} (network)")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: " + "; ".join(problems))
 
 
 def projection_to_continue(saved, shape: "tuple | None") -> "tuple[mx.nd.NDArray | None, tuple[str, ...]]":
@@ -71,10 +86,10 @@ def projection_to_continue(saved, shape: "tuple | None") -> "tuple[mx.nd.NDArray
     return saved, ()
 
 
-def starting_point_notes(state: dict, cfg) -> "tuple[str, ...]":
+def starting_point_notes(state: State, cfg) -> "tuple[str, ...]":
     """What the resume says about the options of a run's start (--pretrained, --init_centers: not used
     when resuming) and its teacher, where they differ from the checkpoint's run."""
-    saved, defaults = state["config"], config_lib.Config()
+    saved, defaults = state.config, config_lib.Config()
     notes = []
     for name in ("pretrained", "init_centers"):
         given, then = getattr(cfg, name), saved.get(name, getattr(defaults, name))
@@ -86,7 +101,7 @@ def starting_point_notes(state: dict, cfg) -> "tuple[str, ...]":
     return tuple(notes)
 
 
-def margin_state_to_continue(state: dict, path: str, loss: str, margin) -> "tuple[dict | None, tuple[str, ...]]":
+def margin_state_to_continue(state: State, path: str, loss: str, margin) -> "tuple[dict | None, tuple[str, ...]]":
     """(the checkpoint's margin statistics if this run continues them, what the resume says about them).
 
     Statistics continue under the same loss (any world size: they are global-batch figures); another
@@ -94,8 +109,8 @@ def margin_state_to_continue(state: dict, path: str, loss: str, margin) -> "tupl
     A damaged record is refused, naming the field. `margin` is this run's, fresh (loss's); the check loads
     the record into it."""
     fresh = margin.state()
-    saved_loss = state["config"].get("loss")
-    saved = state.get("margin_state")
+    saved_loss = state.config.get("loss")
+    saved = state.margin_state
     if saved_loss != loss:
         return None, ((f"loss {short(saved_loss)} -> {loss}: the new loss's running statistics start afresh",)
                       if fresh else ())
@@ -111,14 +126,14 @@ def margin_state_to_continue(state: dict, path: str, loss: str, margin) -> "tupl
     return saved, ()
 
 
-def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_epoch: int, global_batch: int,
+def describe_changes(state: State, path: str, seed: int, world: int, steps_per_epoch: int, global_batch: int,
                      num_images: int, step: int) -> "tuple[str, ...]":
     """What differs from the checkpoint's run (ranks, global batch, training set, seed) and what the resume
     does about each; refuses a --seed changed within an epoch, which would re-order the rest of it."""
     changes = []
-    saved_images = state.get("num_images")
-    within = state["step"] % state["steps_per_epoch"]
-    saved_seed = state["config"].get("seed", seed)
+    saved_images = state.num_images
+    within = state.step % state.steps_per_epoch
+    saved_seed = state.config.get("seed", seed)
     if saved_seed != seed:
         if within:
             raise CheckpointError(
@@ -128,17 +143,17 @@ def describe_changes(state: dict, path: str, seed: int, world: int, steps_per_ep
                 f"end of an epoch")
         changes.append(f"seed {short(saved_seed)} -> {seed}: the epochs from here are ordered (and negatives drawn) "
                        f"by the new seed")
-    if state["world_size"] != world:
-        changes.append(f"ranks {state['world_size']} -> {world}: centers and momentum re-sharded, the averaged "
+    if state.world_size != world:
+        changes.append(f"ranks {state.world_size} -> {world}: centers and momentum re-sharded, the averaged "
                        f"BatchNorm statistics used")
     if saved_images is not None and saved_images != num_images:
         changes.append(f"training set {short(saved_images)} -> {num_images} images: epoch {step // steps_per_epoch} "
                        f"goes on from the same share of it, in the new set's order")
-    elif saved_images is None and state["steps_per_epoch"] * state["global_batch"] != steps_per_epoch * global_batch:
-        changes.append(f"the training set differs ({state['steps_per_epoch']} steps of {state['global_batch']} per "
+    elif saved_images is None and state.steps_per_epoch * state.global_batch != steps_per_epoch * global_batch:
+        changes.append(f"the training set differs ({state.steps_per_epoch} steps of {state.global_batch} per "
                        f"epoch then, {steps_per_epoch} of {global_batch} now)")
-    if state["global_batch"] != global_batch:
-        changes.append(f"global batch {state['global_batch']} -> {global_batch}: step {state['step']} is step "
+    if state.global_batch != global_batch:
+        changes.append(f"global batch {state.global_batch} -> {global_batch}: step {state.step} is step "
                        f"{step} here (the position is kept in samples seen within epoch {step // steps_per_epoch})")
     return tuple(changes)
 
@@ -155,7 +170,7 @@ def restore(resume: Resume, module, head) -> None:
     # a projection not continued takes no momentum from the checkpoint either
     checkpoint.load_optimizer_state(resume.path, module,
                                     leave_out=() if resume.projection is not None else (distill.PROJECTION_WEIGHT,))
-    head.bank.load(resume.path, resume.state["shards"])
+    head.bank.load(resume.path, resume.state.shards)
     if resume.margin_state:
         head.margin.load_state(resume.margin_state)
 
@@ -163,9 +178,8 @@ def restore(resume: Resume, module, head) -> None:
 def describe(resume: Resume) -> str:
     """The log line of a resumed run: the checkpoint by what it holds, and what changed since."""
     saved = resume.state
-    samples = checkpoint.samples_seen(saved)
-    line = (f"resuming from {resume.path} ({samples:,} samples seen, step {saved['step']} on {saved['world_size']} "
-            f"rank(s)) at step {resume.step}, epoch {resume.epoch}")
+    line = (f"resuming from {resume.path} ({saved.samples_seen:,} samples seen, step {saved.step} on "
+            f"{saved.world_size} rank(s)) at step {resume.step}, epoch {resume.epoch}")
     if resume.margin_state:
         line += "; the margin's running statistics continue: " + ", ".join(
             f"{name} {quoted(value)}" for name, value in resume.margin_state.items())

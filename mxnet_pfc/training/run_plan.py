@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import symbols
 from mxnet_pfc.data.iterators import count_classes, stated_classes
+from mxnet_pfc.runtime.checkpoints import State
 from mxnet_pfc.training import config as config_lib
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def resolve_classes(cfg: config_lib.Config, index=None) -> config_lib.Config:
 
 
 def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
-               saved: "dict | None") -> "tuple[int, str]":
+               saved: "State | None") -> "tuple[int, str]":
     """(max_update, note): the step the run ends at.
 
     A run resumed on another global batch (another number of ranks, batch size
@@ -118,16 +119,16 @@ def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
     """
     if not cfg.max_update:
         return max(1, math.ceil(cfg.num_epoch * steps_per_epoch)), ""
-    if saved is None or saved["config"].get("max_update") != cfg.max_update:
+    if saved is None or saved.config.get("max_update") != cfg.max_update:
         return cfg.max_update, ""
     # From the checkpoint's own end, not --max_update: a run resumed twice (4 ranks, then 2, then 2
     # again) keeps the first run's length.
-    samples = saved["max_update"] * saved["global_batch"]
+    samples = saved.max_update * saved.global_batch
     max_update = math.ceil(samples / global_batch)
     if max_update == cfg.max_update:
         return max_update, ""
     return max_update, (f"--max_update {cfg.max_update} kept in samples: the checkpoint's run ends after "
-                        f"{saved['max_update']} steps of {saved['global_batch']} = {samples} samples, "
+                        f"{saved.max_update} steps of {saved.global_batch} = {samples} samples, "
                         f"{max_update} steps of {global_batch} here")
 
 

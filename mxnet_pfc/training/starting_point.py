@@ -38,12 +38,12 @@ import symbols
 from mxnet_pfc.data.records import DataError, decode_item
 from mxnet_pfc.head.memory_bank import read_saved_rows
 from mxnet_pfc.head.sampler import shard_range
-from mxnet_pfc.models.inference import ModelError, model_of_run_folder
-from mxnet_pfc.runtime import comm, logs, watchdog
+from mxnet_pfc.models.inference import ModelError, load_backbone, model_of_run_folder
+from mxnet_pfc.runtime import checkpoints, comm, logs, watchdog
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError, quoted, short
 from mxnet_pfc.runtime.mxnet_files import load_params
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
-from mxnet_pfc.training import checkpoint, insightface_run
+from mxnet_pfc.training import insightface_run
 from mxnet_pfc.training.config import INIT_IMPRINT, INIT_RANDOM
 
 log = logging.getLogger(logs.ROOT_LOGGER)
@@ -115,11 +115,11 @@ def read_starting_point(cfg, rank: int, world: int, symbol: mx.sym.Symbol, subce
 def pretrained_params(spec: str) -> "tuple[dict, dict, str]":
     """(arg_params, aux_params, a description) of what `spec` names (see the module docstring)."""
     try:
-        path = model_of_run_folder(spec) if os.path.isdir(spec) and not checkpoint.is_checkpoint(spec) else spec
+        path = model_of_run_folder(spec) if os.path.isdir(spec) and not checkpoints.is_checkpoint(spec) else spec
     except ModelError as error:
         raise ConfigError(f"pretrained = {quoted(spec)}: {error}") from None
-    if checkpoint.is_checkpoint(path):
-        arg_params, aux_params = checkpoint.load_backbone(path, 0, same_world=False, average=True)
+    if checkpoints.is_checkpoint(path):
+        arg_params, aux_params = load_backbone(path, 0, same_world=False, average=True)
         return arg_params, aux_params, f"checkpoint {path} (rank-averaged backbone)"
     prefix, epoch = split_prefix(path)
     file = ModelFiles(prefix).params(epoch)
@@ -171,17 +171,17 @@ def read_centers(folder: str, num_classes: int, embedding_size: int, subcenters:
     or a run of InsightFace's MXNet Partial FC, checked against this run's classes and width."""
     where = f"init_centers = {quoted(folder)}"
     path = folder
-    if not checkpoint.is_checkpoint(path) and os.path.isdir(RunFolder(path).checkpoints):
-        newest = checkpoint.latest(RunFolder(path).checkpoints)
+    if not checkpoints.is_checkpoint(path) and os.path.isdir(RunFolder(path).checkpoints):
+        newest = checkpoints.latest(RunFolder(path).checkpoints)
         path = newest.path if newest is not None else path
-    if checkpoint.is_checkpoint(path):
-        state = checkpoint.read_state(path)
-        problems = checkpoint.head_mismatches(state, num_classes, embedding_size, subcenters)
+    if checkpoints.is_checkpoint(path):
+        state = checkpoints.State.read(path)
+        problems = checkpoints.head_mismatches(state, num_classes, embedding_size, subcenters)
         if problems:
             raise CheckpointError(f"{where}: checkpoint {path} does not fit: " + "; ".join(problems))
-        centers, momentum = read_saved_rows(path, state["shards"], class_start, num_local, embedding_size,
+        centers, momentum = read_saved_rows(path, state.shards, class_start, num_local, embedding_size,
                                             subcenters)
-        return InitialCenters(f"checkpoint {path} ({state['world_size']} rank(s))", centers, momentum)
+        return InitialCenters(f"checkpoint {path} ({state.world_size} rank(s))", centers, momentum)
     if insightface_run.is_run_folder(folder):
         if subcenters > 1:
             raise CheckpointError(f"{where}: InsightFace's Partial FC keeps one center per class, this run "

@@ -30,7 +30,18 @@ from mxnet_pfc.eval.during_training import TrainingEvaluation
 from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 from mxnet_pfc.models.export import export_model
 from mxnet_pfc.models.inference import float32_params, inference_symbol
-from mxnet_pfc.runtime import comm, device, logs, run_lock, run_records, seeding, stops, watchdog
+from mxnet_pfc.runtime import (
+    checkpoints,
+    comm,
+    device,
+    failure_records,
+    logs,
+    run_lock,
+    run_records,
+    seeding,
+    stops,
+    watchdog,
+)
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import checkpoint, distill, output_folder, run_plan
@@ -137,7 +148,7 @@ def claim_output(cfg: config_lib.Config, rank: int):
                     raise
                 note = output_folder.prepare(run, cfg.resume, cfg.start_over)
                 os.makedirs(run.logs, exist_ok=True)
-                stops.clear_records(run)
+                failure_records.clear(run)
                 run_records.clear(run.finished_record)        # an earlier run's word
     except BaseException:
         if lock is not None:
@@ -168,7 +179,7 @@ def train(cfg: config_lib.Config) -> dict:
                 config_lib.save(cfg, run.config)
                 log.info(f"mxnet-pfc: {world} rank(s); configuration (also in {run.config}):\n"
                          + config_lib.describe(cfg))
-                log.info(config_lib.recipe_line(cfg, resume.state["config"] if resume is not None else None))
+                log.info(config_lib.recipe_line(cfg, resume.state.config if resume is not None else None))
         start_step = resume.step if resume is not None else 0
         seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
         head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol, setup.teacher)
@@ -204,15 +215,16 @@ class Trainer:
         self.setup, self.cfg, self.plan = setup, setup.cfg, setup.plan
         self.head, self.module, self.rank, self.world = head, module, rank, world
         self.run_folder = RunFolder(self.cfg.output)
-        self.best = dict(setup.resume.state.get("best", {})) if setup.resume else {}
+        self.best = dict(setup.resume.state.best) if setup.resume else {}
         self.metrics = None
         self.start_step = start_step        # the first step this run trains is start_step + 1
-        self.samples_at_start = 0 if setup.resume is None else checkpoint.samples_seen(setup.resume.state)
+        self.samples_at_start = 0 if setup.resume is None else setup.resume.state.samples_seen
         # --freeze_backbone_steps in samples, so that a resume on another global batch freezes as long
         frozen_steps, batch = self.cfg.freeze_backbone_steps, setup.plan.global_batch
         if setup.resume is not None:
             saved = setup.resume.state
-            self.freeze_until_samples = saved.get("freeze_until_samples", frozen_steps * saved["global_batch"])
+            self.freeze_until_samples = (saved.freeze_until_samples if saved.freeze_until_samples is not None
+                                         else frozen_steps * saved.global_batch)
         else:
             self.freeze_until_samples = frozen_steps * batch
 
@@ -228,7 +240,7 @@ class Trainer:
         with comm.fail_together("opening the metrics"):
             if self.rank == 0:
                 self.metrics = MetricsLog(self.run_folder, cfg.tensorboard, start_step,
-                                          resume.state["step"] if resume else None, samples_of=self.samples_seen,
+                                          resume.state.step if resume else None, samples_of=self.samples_seen,
                                           saved_samples=self.samples_at_start if resume else None)
         progress = tqdm(total=plan.max_update, initial=start_step, desc="train", unit="step", disable=self.rank != 0,
                         mininterval=5, file=sys.stderr, dynamic_ncols=True)
@@ -343,11 +355,11 @@ class Trainer:
     def save_checkpoint(self, step: int, backbone: "checkpoint.BackboneSnapshot | None" = None) -> str:
         """Every rank: the checkpoint of `step` (collective), with the run's own state fields."""
         cfg, plan = self.cfg, self.plan
-        state = checkpoint.State(steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
-                                 max_update=plan.max_update, samples_seen=self.samples_seen(step),
-                                 num_images=plan.num_images, best=self.best, config=cfg.to_dict(),
-                                 margin_state=self.head.margin.state(),
-                                 freeze_until_samples=self.freeze_until_samples)
+        state = checkpoints.RunState(steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
+                                     max_update=plan.max_update, samples_seen=self.samples_seen(step),
+                                     num_images=plan.num_images, best=self.best, config=cfg.to_dict(),
+                                     margin_state=self.head.margin.state(),
+                                     freeze_until_samples=self.freeze_until_samples)
         with watchdog.working("checkpoint"):
             return checkpoint.save(self.run_folder.checkpoints, step, module=self.module,
                                    bank=self.head.bank, symbol=self.setup.symbol, state=state,
