@@ -5,10 +5,10 @@
 # horovodrun takes options it knows by prefix even after the command (--network would be
 # read as its --network-interface), so trainer options go after "--"; it is dropped.
 # The environment (threads per rank, MXNet and Horovod settings, the CUDA libraries of a GPU
-# install) is set by mxnet_pfc/runtime/rank.py, which the elastic supervisor launches too.
+# install) is set by mxnet_pfc/runtime/rank_environment.py, which the elastic supervisor launches too.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
 fi
-exec "$PYTHON" -m mxnet_pfc.runtime.rank "$@"
+exec "$PYTHON" -m mxnet_pfc.runtime.launch_rank "$@"

@@ -114,7 +114,7 @@ def find_ranks(root_pid: int) -> "dict[int, int]":
                            if b"=" in item)
         except OSError:
             continue
-        if b"mxnet_pfc.runtime.rank" in cmdline and b"HOROVOD_RANK" in environ:
+        if b"mxnet_pfc.runtime.launch_rank" in cmdline and b"HOROVOD_RANK" in environ:
             ranks[int(environ[b"HOROVOD_RANK"])] = pid
     return ranks
 

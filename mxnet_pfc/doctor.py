@@ -13,7 +13,7 @@ state; free memory and disk in the output folder; and with --rec/--images the
 memory planner's verdict (mxnet_pfc.plan) for the set on the GPUs found.
 
 Exit 0 when a run can start, 1 when it cannot (the reasons are printed last).
-It runs with a rank's environment (runtime/rank.py, as config.sh does), so it
+It runs with a rank's environment (runtime/rank_environment.py, as config.sh does), so it
 sees the CUDA libraries a rank sees.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mxnet_pfc.runtime import device, rank
+from mxnet_pfc.runtime import device, rank_environment
 
 GIB = 2 ** 30
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)      # a CUDA fat binary container's header
@@ -367,7 +367,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # A rank's environment (the CUDA libraries on LD_LIBRARY_PATH, read once by the loader): this process is
     # started again with it when it lacks it, so MXNet loads here as on a rank of config.sh.
-    env = rank.rank_environment(os.environ, len(os.sched_getaffinity(0)), rank.site_packages())
+    env = rank_environment.rank_environment(os.environ, len(os.sched_getaffinity(0)),
+                                          rank_environment.site_packages())
     if env.get("LD_LIBRARY_PATH") != os.environ.get("LD_LIBRARY_PATH") and argv is None:
         os.execve(sys.executable, [sys.executable, "-m", "mxnet_pfc.doctor", *sys.argv[1:]], env)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

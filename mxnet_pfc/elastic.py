@@ -3,35 +3,15 @@
     python -m mxnet_pfc.elastic --host-discovery-script ./hosts.sh --min-np 1 --max-np 16 \\
         --max-restarts 10 -- --dataset emore --network r100 --output runs/big
 
-The discovery script prints the usable hosts, one `host:slots` line each (a
-bare `host` gets --slots-per-host), as horovodrun's elastic mode expects. The
-supervisor launches the trainer with horovodrun on them (at most --max-np
-ranks) and watches:
-- the job ends with a lost rank or host (killed, crashed, unreachable): it
-  rediscovers and relaunches on the hosts available with `--resume latest`.
-  The centers are re-sharded onto the new number of ranks and the position is
-  kept in samples seen; the batch per rank stays, so the global batch and with
-  it the peak learning rate (linear rule, --lr_base_batch) follow the world size;
-- the script lists more slots than are running (a host came back or was
-  added): it asks the trainer to stop at its next checkpoint (the file
-  OUTPUT/elastic/stop-at-checkpoint) and relaunches on more ranks;
-- the job fails on an error of its own (bad input, a non-finite loss, a full
-  disk: a failure record in OUTPUT/logs): it stops, with the job's exit
-  status; the job ends normally (its own record OUTPUT/logs/finished.json):
-  it stops with exit 0.
-Killed and started again with the same command, it adopts the job it left
-running (OUTPUT/elastic/job.json names it; any other live holder of the
-trainer's run lock is watched through the lock) and acts when it ends as for
-its own job; a launch refused by the output lock is no lost rank.
-It gives up after --max-restarts relaunches after failures, or when fewer
-than --min-np slots are available for --wait-timeout seconds. Ctrl-C or
-SIGTERM is passed to the job, and no process of the job is left behind.
-
-Every change of the world is a line of OUTPUT/elastic-timeline.tsv (time,
-the newest checkpoint by what it holds, ranks, hosts, event) and of this command's
-log, beside the job's own output; the trainer records its world size and
-the samples trained in OUTPUT/metrics.jsonl.
-See docs/DESIGN.md section 6.5.
+The contract: the trainer runs under horovodrun on the hosts the discovery
+script lists, and after a lost rank or host it runs again with
+`--resume latest` on those that remain (more when slots return); it stops on
+an error of the run's own, at the end of the run, after --max-restarts
+relaunches, or on Ctrl-C, leaving no process of the job behind. What it
+does in each case and why: docs/elastic.md (for users) and docs/DESIGN.md
+section 6.5 (the decisions, the records it reads, adoption of a running job).
+Every change of the world is a line of OUTPUT/elastic-timeline.tsv and of this
+command's log.
 """
 from __future__ import annotations
 

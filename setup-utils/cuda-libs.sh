@@ -3,7 +3,7 @@
 # environment holds, colon-separated: site-packages/nvidia/*/lib. Nothing (and
 # exit 0) when there are none, as in a CPU environment. The MXNet CUDA wheels
 # find libcudart, libcudnn, libnccl ... only through LD_LIBRARY_PATH, which must
-# be set before the process starts; every rank gets it from mxnet_pfc/runtime/rank.py
+# be set before the process starts; every rank gets it from mxnet_pfc/runtime/rank_environment.py
 # (config.sh, the elastic supervisor), which owns the rule. By hand:
 #
 #   LD_LIBRARY_PATH="$(bash setup-utils/cuda-libs.sh .venv/bin/python)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
@@ -13,8 +13,8 @@
 #   bash setup-utils/cuda-libs.sh --site-packages DIR [DIR...]
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-RANK="import sys; from mxnet_pfc.runtime.rank import cuda_library_dirs, site_packages as sites"
-# rank.py needs only the standard library: any python 3 reads it from this checkout.
+RANK="import sys; from mxnet_pfc.runtime.rank_environment import cuda_library_dirs, site_packages as sites"
+# rank_environment.py needs only the standard library: any python 3 reads it from this checkout.
 if [[ "${1:-}" == "--site-packages" ]]; then
     shift
     PYTHONPATH="$REPO" exec python3 -c "$RANK; print(':'.join(cuda_library_dirs(sys.argv[1:])))" "$@"

@@ -3,7 +3,7 @@
 A stand-in `nvidia-smi` on PATH prints what a real one prints for the GPUs of
 each case (or fails as a real one does without a driver). It drives
 setup-utils/install.sh --dry-run (which installs nothing), the start-time checks
-of mxnet_pfc/runtime/device.py, and a rank's LD_LIBRARY_PATH (runtime/rank.py, run by
+of mxnet_pfc/runtime/device.py, and a rank's LD_LIBRARY_PATH (runtime/rank_environment.py, run by
 config.sh) on a fake site-packages/nvidia tree. None of this ran on a GPU. Also the
 Horovod patch that set-up applies (setup-utils/patch_horovod.py).
 """
@@ -17,7 +17,8 @@ import mxnet as mx
 import pytest
 
 from launch import REPO
-from mxnet_pfc.runtime import comm, device, rank
+from mxnet_pfc.runtime import comm, device
+from mxnet_pfc.runtime.rank_environment import rank_environment
 from mxnet_pfc.training.config import ConfigError
 
 H100 = ("NVIDIA H100 80GB HBM3", "9.0")
@@ -277,22 +278,22 @@ def test_cuda_libs_helper_lists_the_lib_folders(tmp_path):
 def test_rank_environment_threads_settings_and_cuda_libraries(tmp_path):
     site = fake_site_packages(tmp_path)
     libs = ":".join(str(site / "nvidia" / n / "lib") for n in ("cuda_runtime", "cudnn", "nccl"))
-    env = rank.rank_environment({"HOROVOD_LOCAL_SIZE": "2", "LD_LIBRARY_PATH": "/opt/x", "MXNET_ENGINE_TYPE": "",
-                                 "HOROVOD_CYCLE_TIME": "5"}, cpus=8, sites=[str(site), str(site)])
+    env = rank_environment({"HOROVOD_LOCAL_SIZE": "2", "LD_LIBRARY_PATH": "/opt/x", "MXNET_ENGINE_TYPE": "",
+                           "HOROVOD_CYCLE_TIME": "5"}, cpus=8, sites=[str(site), str(site)])
     assert env["LD_LIBRARY_PATH"] == f"{libs}:/opt/x"
     assert (env["OMP_NUM_THREADS"], env["MXNET_OMP_MAX_THREADS"]) == ("4", "4")     # 8 cores, 2 ranks on the host
     assert env["MXNET_ENGINE_TYPE"] == "ThreadedEnginePerDevice"                   # empty: none given
     assert env["HOROVOD_CYCLE_TIME"] == "5"                                         # the user's is kept
     assert "PYTHONPATH" not in env
-    env = rank.rank_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "16", "OMP_NUM_THREADS": "3"}, cpus=8,
-                                sites=[str(tmp_path / "empty")])
+    env = rank_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "16", "OMP_NUM_THREADS": "3"}, cpus=8,
+                           sites=[str(tmp_path / "empty")])
     assert (env["OMP_NUM_THREADS"], env["MXNET_OMP_MAX_THREADS"]) == ("3", "3")
     assert "LD_LIBRARY_PATH" not in env
-    assert rank.rank_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "16"}, cpus=8, sites=[])["OMP_NUM_THREADS"] == "1"
+    assert rank_environment({"OMPI_COMM_WORLD_LOCAL_SIZE": "16"}, cpus=8, sites=[])["OMP_NUM_THREADS"] == "1"
 
 
 def test_config_sh_starts_the_trainer_with_the_rank_environment(tmp_path):
-    """config.sh with an interpreter whose site-packages hold the CUDA libraries' folders, rank.py, and a
+    """config.sh with an interpreter whose site-packages hold the CUDA libraries' folders, the launcher, and a
     stand-in trainer that prints what it was started with."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -302,7 +303,8 @@ def test_config_sh_starts_the_trainer_with_the_rank_environment(tmp_path):
     (site / "mxnet_pfc" / "runtime").mkdir(parents=True)
     (site / "mxnet_pfc" / "__init__.py").write_text("")
     (site / "mxnet_pfc" / "runtime" / "__init__.py").write_text("")
-    for module in ("rank.py", "slurm.py", "errors.py"):    # rank.py and what it imports (stdlib beneath)
+    # the launcher and what it imports (stdlib beneath)
+    for module in ("launch_rank.py", "rank_environment.py", "slurm.py", "errors.py"):
         (site / "mxnet_pfc" / "runtime" / module).write_bytes((REPO / "mxnet_pfc" / "runtime" / module).read_bytes())
     (site / "mxnet_pfc" / "train.py").write_text(
         "import os, sys\nprint('ARGS=' + ' '.join(sys.argv[1:]))\n"

@@ -57,8 +57,8 @@ def outside_env() -> dict:
 
 
 def test_the_installed_copy_is_what_imports(installed, tmp_path):
-    code = ("import mxnet_pfc.runtime.rank, mxnet_pfc.training.trainer, symbols, horovod.mxnet; "
-            "print(mxnet_pfc.runtime.rank.__file__, mxnet_pfc.training.trainer.__file__, symbols.__file__)")
+    code = ("import mxnet_pfc.runtime.launch_rank, mxnet_pfc.training.trainer, symbols, horovod.mxnet; "
+            "print(mxnet_pfc.runtime.launch_rank.__file__, mxnet_pfc.training.trainer.__file__, symbols.__file__)")
     proc = subprocess.run([installed / "python", "-c", code], cwd=tmp_path, env=outside_env(), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

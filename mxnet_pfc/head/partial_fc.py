@@ -18,7 +18,8 @@ their SGD momentum). One step, for the global batch of N = B x world_size rows:
 The parts: exchange.py checks and packs the inputs of collective 1;
 memory_bank.py holds this rank's centers, momentum and their SGD; sampler.py
 picks the centers a step uses; this module runs the step. docs/DESIGN.md section 2 has
-the math; the code below follows its names.
+the math; the code below follows its names. What a caller may rely on (the call, the
+state, the errors) is told in docs/head.md.
 
 The margin is applied on the host after collective 2, not in the logits kernel:
 that collective gives every rank the target cosine of every row of the global

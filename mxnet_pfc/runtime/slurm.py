@@ -9,7 +9,7 @@ as counts with repeats (`8(x4),4`). One rank runs per task, so a node's slots ar
 for horovodrun (-H), for mpirun (a hosts file), as a count of ranks, or one `host:slots`
 line each, which is the elastic supervisor's discovery format: it leaves out the nodes Slurm
 reports down or not responding, so a job submitted with `--no-kill` is relaunched around a
-lost node. This module owns these facts; setup-utils/slurm.sbatch, rank.py, stops.py and the
+lost node. This module owns these facts; setup-utils/slurm.sbatch, rank_environment.py, stops.py and the
 docs (docs/slurm.md) use it.
 """
 from __future__ import annotations

@@ -165,7 +165,7 @@ def stop_on_error(error: Exception) -> int:
     A lost peer is reported with the cause other ranks recorded, if any; the
     project's own errors (PfcError), the system's (OSError, MemoryError), MXNet's
     and Horovod's are one line; anything else is a defect of ours, reported with
-    its traceback. A rank of a distributed job exits at once (comm.abort).
+    its traceback. A rank of a distributed job exits at once (failure_records.abort).
     """
     lost = isinstance(error, comm.LostRankError) or comm.lost_peer(error)
     expected = (lost or comm.raised_by_horovod(error)

@@ -366,7 +366,7 @@ class Supervisor:
         spec = ",".join(f"{h}:{n}" for h, n in assigned)
         return [self.args.horovodrun, "--gloo", "-np", str(np_), "-H", spec,
                 *launcher_options(self.args.horovodrun_args, [h for h, _ in assigned]),
-                os.environ.get("PYTHON") or sys.executable, "-m", "mxnet_pfc.runtime.rank", "--", *args]
+                os.environ.get("PYTHON") or sys.executable, "-m", "mxnet_pfc.runtime.launch_rank", "--", *args]
 
     def launch(self, assigned, resume: bool) -> Job:
         """Start the job and record it (job.json) for a supervisor that may have to adopt it."""

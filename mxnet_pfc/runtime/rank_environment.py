@@ -1,19 +1,13 @@
-"""One rank of the trainer: its environment, then `python -m mxnet_pfc.train` in the same process.
+"""A rank's environment: its share of the cores, MXNet's and Horovod's settings, the CUDA libraries' folders.
 
-    python -m mxnet_pfc.runtime.rank [--] [TRAINER OPTIONS]
-
-config.sh runs this on every rank (under horovodrun, or mpirun through run.sh), and the elastic supervisor
-launches it, so one place owns a rank's environment and an installed package needs no checkout. The
-environment must be in place before the trainer's interpreter starts (the dynamic loader reads
-LD_LIBRARY_PATH once, at start; OpenMP its thread count as MXNet loads): this sets it and replaces itself
-with the trainer (exec). A setting the user gave is kept (an empty one counts as none).
-horovodrun reads options it knows by prefix even after the command (--network would be taken for its
---network-interface), so trainer options come after "--", which is dropped here.
+One place owns it: launch_rank.py applies it before the trainer's interpreter starts (config.sh, the
+elastic supervisor), setup-utils/cuda-libs.sh prints its library folders, and the doctor reports it. The
+environment must be in place before the process starts (the dynamic loader reads LD_LIBRARY_PATH once; OpenMP
+its thread count as MXNet loads). A setting the user gave is kept (an empty one counts as none). Standard
+library only (and slurm.py), so that any python 3 can read it from a checkout.
 """
 from __future__ import annotations
 
-import os
-import sys
 import sysconfig
 from pathlib import Path
 
@@ -68,15 +62,3 @@ def rank_environment(environ: dict, cpus: int, sites: list[str]) -> dict:
     if libs:
         env["LD_LIBRARY_PATH"] = ":".join(libs + [env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else libs)
     return env
-
-
-def main() -> None:
-    args = sys.argv[1:]
-    if args[:1] == ["--"]:
-        args = args[1:]
-    env = rank_environment(os.environ, len(os.sched_getaffinity(0)), site_packages())
-    os.execve(sys.executable, [sys.executable, "-m", "mxnet_pfc.train", *args], env)
-
-
-if __name__ == "__main__":
-    main()
