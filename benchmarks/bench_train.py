@@ -34,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mxnet_pfc.runtime import comm
+from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import trainer
 from mxnet_pfc.training.module import PHASES
@@ -69,7 +70,7 @@ def main(argv=None):
         context="cpu", output="/tmp/bench_train-unused"))
     comm.init()
     rank, world = comm.rank(), comm.size()
-    setup = trainer.prepare(cfg, rank, world)
+    setup = trainer.prepare(cfg, RunFolder(cfg.output), rank, world)
     head, module = trainer.build_distributed(setup.cfg, setup.ctx, setup.schedule, setup.symbol)
     data, lr = setup.data, setup.schedule(0)
     K, B = args.grad_accum, args.batch_size

@@ -1,8 +1,10 @@
-"""Training batches for one rank: from a RecordIO set, or random tensors for speed runs.
+"""Training batches for one rank: from a RecordIO set, a folder of images, or random tensors for speed runs.
 
-Both yield one `Batch(data, labels, epoch)` per optimizer step: data is an NDArray
-(K x B, 3, H, W) of raw 0..255 float32 pixels on the CPU, labels an int64 numpy
+`open` picks one for a configuration. Each yields one `Batch(data, labels, epoch)` per optimizer
+step: data is an NDArray (K x B, 3, H, W) of raw 0..255 float32 pixels on the CPU, labels an int64 numpy
 array (K x B,), for K micro-batches of B images (K = 1 without gradient accumulation).
+Each has num_images and steps_per_epoch, seek(step) and close(), and `source`: the
+images by position (source.read(i)), None for random tensors.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -234,10 +236,13 @@ class DummyIter:
     The labels of step k depend only on (seed, rank, k), so a resumed run sees the same ones.
     """
 
+    source = None       # no images to read by position
+
     def __init__(self, batch_size: int, num_classes: int, rank: int = 0, seed: int = 0,
                  image_size: "tuple[int, int]" = (FACE_SIZE, FACE_SIZE), steps_per_epoch: int = 1000,
-                 micro_batches: int = 1):
+                 micro_batches: int = 1, num_images: int = 0):
         rng = np.random.default_rng([seed, rank])
+        self.num_images = num_images        # the set it stands for (the configuration's num_images)
         self.images_per_step = batch_size * micro_batches
         self.num_classes, self.steps_per_epoch = num_classes, steps_per_epoch
         self._data = mx.nd.array(rng.uniform(0, 255, size=(self.images_per_step, 3, *image_size)), dtype="float32")
@@ -259,3 +264,20 @@ class DummyIter:
 
     def close(self) -> None:
         pass
+
+
+TrainingData = Union["RecordIter", "FolderIter", "DummyIter"]      # what open gives: one interface
+
+
+def open(cfg, rank: int, world: int, index=None) -> TrainingData:
+    """This rank's training batches for configuration `cfg`: its --rec set, its --images folder (`index`,
+    folders.load_index's), or random tensors standing for cfg.num_images images."""
+    options = dict(seed=cfg.seed, image_size=(cfg.image_size, cfg.image_size), micro_batches=cfg.grad_accum)
+    if cfg.rec:
+        return RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, threads=cfg.decode_threads,
+                          **options)
+    if cfg.images:
+        return FolderIter(index, cfg.batch_size, cfg.num_classes, rank, world, threads=cfg.decode_threads, **options)
+    return DummyIter(cfg.batch_size, cfg.num_classes, rank,
+                     steps_per_epoch=steps_in_epoch(cfg.num_images, cfg.batch_size, world, cfg.grad_accum),
+                     num_images=cfg.num_images, **options)

@@ -37,12 +37,12 @@ class Resume:
     projection: "mx.nd.NDArray | None" = None   # the distillation's learned projection to continue (None: afresh)
 
 
-def read(cfg, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int, global_batch: int,
-         num_images: int, projection_shape: "tuple | None" = None) -> Resume:
+def read(cfg, run: RunFolder, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int,
+         global_batch: int, num_images: int, projection_shape: "tuple | None" = None) -> Resume:
     """The checkpoint cfg.resume names, checked against this run's classes, network and parameter shapes.
     `projection_shape`: the shape of the distillation projection this run learns (distill.py), if any,
     which a checkpoint of a distilled run holds beside the backbone."""
-    path = checkpoints.locate(RunFolder(cfg.output).checkpoints, cfg.resume)
+    path = checkpoints.locate(run.checkpoints, cfg.resume)
     state = State.read(path)
     margin = config_lib.margin_of(cfg)
     check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network, margin.subcenters)

@@ -24,8 +24,7 @@ import mxnet as mx
 from tqdm import tqdm
 
 import symbols
-from mxnet_pfc.data import folders, synthetic_set
-from mxnet_pfc.data.iterators import DummyIter, FolderIter, RecordIter, steps_in_epoch
+from mxnet_pfc.data import folders, iterators, synthetic_set
 from mxnet_pfc.eval.during_training import TrainingEvaluation
 from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
 from mxnet_pfc.models.export import export_model
@@ -61,7 +60,7 @@ class Setup:
     """What a rank prepares on its own before any collective: data, device, network, plan."""
     cfg: config_lib.Config          # completed from the data (num_classes)
     ctx: mx.Context
-    data: "RecordIter | FolderIter | DummyIter"
+    data: "iterators.TrainingData"      # iterators.open's
     symbol: mx.sym.Symbol
     inference: mx.sym.Symbol                    # the model for inference (export_model)
     evaluation: "TrainingEvaluation | None"     # rank 0's verification and IJB sets
@@ -72,7 +71,7 @@ class Setup:
     teacher: "distill.Teacher | None"
 
 
-def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
+def prepare(cfg: config_lib.Config, run: RunFolder, rank: int, world: int) -> Setup:
     """This rank's setup, without collectives, so that every rank can agree on its success first."""
     index = folders.load_index(cfg.images, cfg.output, write=rank == 0) if cfg.images else None
     cfg = resolve_config(cfg, world, index)
@@ -83,29 +82,16 @@ def prepare(cfg: config_lib.Config, rank: int, world: int) -> Setup:
     device.check_horovod_gpu(ctx, comm.is_distributed())
     if cfg.fp16 and ctx.device_type != "gpu":
         raise config_lib.ConfigError("fp16 = True needs a GPU context (MXNet has no fast float16 convolutions on CPU)")
-    image_shape = (cfg.image_size, cfg.image_size)
-    if cfg.rec:
-        data = RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
-                          image_size=image_shape, threads=cfg.decode_threads, micro_batches=cfg.grad_accum)
-        num_images = data.num_images
-    elif cfg.images:
-        data = FolderIter(index, cfg.batch_size, cfg.num_classes, rank, world, seed=cfg.seed,
-                          image_size=image_shape, threads=cfg.decode_threads, micro_batches=cfg.grad_accum)
-        num_images = data.num_images
-    else:
-        num_images = cfg.num_images
-        data = DummyIter(cfg.batch_size, cfg.num_classes, rank, cfg.seed, image_shape,
-                         steps_per_epoch=steps_in_epoch(num_images, cfg.batch_size, world, cfg.grad_accum),
-                         micro_batches=cfg.grad_accum)
+    data = iterators.open(cfg, rank, world, index)
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16, cfg.network_output)
     teacher = distill.read_teacher(cfg.teacher, cfg.image_size) if cfg.teacher else None
     projection = (teacher.width, cfg.embedding_size) if teacher and teacher.width != cfg.embedding_size else None
-    resume = (resume_lib.read(cfg, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world), num_images,
-                              projection) if cfg.resume else None)
+    resume = (resume_lib.read(cfg, run, rank, world, symbol, data.steps_per_epoch, global_batch(cfg, world),
+                              data.num_images, projection) if cfg.resume else None)
     starting_point = (starting_point_lib.read_starting_point(cfg, rank, world, symbol,
                                                              config_lib.margin_of(cfg).subcenters)
                       if resume is None else None)
-    plan = make_plan(cfg, world, num_images, data.steps_per_epoch, str(ctx), resume)
+    plan = make_plan(cfg, world, data.num_images, data.steps_per_epoch, str(ctx), resume)
     schedule = LRSchedule.from_config(cfg, plan.lr, plan.max_update, plan.steps_per_epoch)
     # the float32 embedding without dropout, exported at the end; a symbol file's graph is trained as it is
     inference = symbol if symbols.is_symbol_file(cfg.network) else inference_symbol(cfg.network, cfg.embedding_size)
@@ -128,7 +114,7 @@ def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSched
     return head, module
 
 
-def claim_output(cfg: config_lib.Config, rank: int):
+def claim_output(cfg: config_lib.Config, run: RunFolder, rank: int):
     """(rank 0's hold on the output folder (None on other ranks), what was done with an earlier run there),
     agreed on by every rank.
 
@@ -137,7 +123,6 @@ def claim_output(cfg: config_lib.Config, rank: int):
     checkpoints, is refused here, on every rank, having written nothing.
     """
     lock, note = None, ""
-    run = RunFolder(cfg.output)
     try:
         with comm.fail_together("starting the run"):
             if rank == 0:
@@ -161,8 +146,8 @@ def train(cfg: config_lib.Config) -> dict:
     """Run the configured training on this rank; returns rank 0's final figures (others: {})."""
     comm.init()
     rank, world = comm.rank(), comm.size()
-    lock, earlier_run = claim_output(cfg, rank)
     run = RunFolder(cfg.output)
+    lock, earlier_run = claim_output(cfg, run, rank)
     try:
         log_path = logs.setup(run, rank)
         stops.start(run)
@@ -172,7 +157,7 @@ def train(cfg: config_lib.Config) -> dict:
         if earlier_run:
             log.info(earlier_run)
         with comm.fail_together("setup"), watchdog.working("setup"):
-            setup = prepare(cfg, rank, world)
+            setup = prepare(cfg, run, rank, world)
         cfg, plan, resume = setup.cfg, setup.plan, setup.resume
         with comm.fail_together("writing config.json"):
             if rank == 0:
@@ -197,11 +182,11 @@ def train(cfg: config_lib.Config) -> dict:
         else:
             with watchdog.working("the starting point"):
                 starting_point_lib.apply_starting_point(setup.starting_point, module, head,
-                                                        getattr(setup.data, "source", None), cfg, rank, world)
+                                                        setup.data.source, cfg, rank, world)
         seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
         if rank == 0:
             log.info(plan.describe(cfg.batch_size, world, cfg.grad_accum, cfg.lr_schedule))
-        return Trainer(setup, head, module, rank, world, start_step).run()
+        return Trainer(setup, run, head, module, rank, world, start_step).run()
     finally:
         if lock is not None:
             lock.release()
@@ -210,11 +195,11 @@ def train(cfg: config_lib.Config) -> dict:
 class Trainer:
     """One rank's run once everything is built: the loop, verification, checkpoints, the end."""
 
-    def __init__(self, setup: Setup, head: PartialFC, module: PartialFCModule, rank: int, world: int,
-                 start_step: int):
+    def __init__(self, setup: Setup, run_folder: RunFolder, head: PartialFC, module: PartialFCModule, rank: int,
+                 world: int, start_step: int):
         self.setup, self.cfg, self.plan = setup, setup.cfg, setup.plan
         self.head, self.module, self.rank, self.world = head, module, rank, world
-        self.run_folder = RunFolder(self.cfg.output)
+        self.run_folder = run_folder
         self.best = dict(setup.resume.state.best) if setup.resume else {}
         self.metrics = None
         self.start_step = start_step        # the first step this run trains is start_step + 1
@@ -227,6 +212,12 @@ class Trainer:
                                          else frozen_steps * saved.global_batch)
         else:
             self.freeze_until_samples = frozen_steps * batch
+
+    def first_backbone_step(self) -> int:
+        """The first step (counted from 0, this run's numbering) that trains the backbone: the one that starts
+        with freeze_until_samples seen (start_step at once without a freeze)."""
+        left = self.freeze_until_samples - self.samples_seen(self.start_step)
+        return self.start_step + max(0, -(-left // self.plan.global_batch))
 
     def samples_seen(self, step: int) -> int:
         """Samples trained when `step` (this run's numbering) is done, over every run resumed into this
@@ -250,8 +241,7 @@ class Trainer:
             if cfg.val_at_start and start_step == 0:
                 with comm.fail_together("verification"):
                     self.verify(0)
-            frozen_until = start_step + max(0, -(-(self.freeze_until_samples - self.samples_seen(start_step))
-                                                  // plan.global_batch))
+            frozen_until = self.first_backbone_step()
             if frozen_until > start_step and self.rank == 0:
                 log.info(f"steps {start_step + 1}..{min(frozen_until, plan.max_update)} train only the class centers "
                          f"(--freeze_backbone_steps: until {self.freeze_until_samples:,} samples); the backbone "
@@ -263,7 +253,7 @@ class Trainer:
                 lr = schedule(step)
                 try:
                     loss = self.module.step(batch.data, batch.labels, lr, window.timing_next_step(),
-                                            train_backbone=self.samples_seen(step) >= self.freeze_until_samples)
+                                            train_backbone=step >= frozen_until)
                 except (PartialFCInputError, NonFiniteLossError) as error:   # raised on every rank alike
                     raise type(error)(f"step {step + 1}: {error}") from None
                 window.step_done()
