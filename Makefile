@@ -5,7 +5,7 @@ NP ?= 2
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup doctor test test-fast lint run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory clean-venv
+.PHONY: setup doctor test test-fast lint catalogue run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -23,6 +23,9 @@ test-fast: setup             ## the lint, then the unit and single-process tests
 
 lint: setup                  ## the lint alone (rules in pyproject.toml)
 	$(VENV)/bin/ruff check .
+
+catalogue:                   ## write tests/README.md from the test files' docstrings (tests/catalogue.py)
+	python3 tests/catalogue.py
 
 run: setup                   ## train the built-in default (synthetic set, $(NP) ranks on localhost, CPU)
 	$(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) bash config.sh -- $(ARGS)

@@ -1,9 +1,23 @@
-"""Fixtures shared by test files."""
+"""Fixtures shared by test files, and a marker per layer of the package (catalogue.LAYERS)."""
 import pytest
 
 import margin_golden
+from catalogue import LAYER_OF, LAYERS
 from launch import LEARNED_RUN, REFERENCE_RUN, config_sh, run_command, small_synthetic_run, tiny_synthetic_run
 from mxnet_pfc.data import synthetic_set
+
+
+def pytest_configure(config):
+    for layer, (what, _) in LAYERS.items():
+        config.addinivalue_line("markers", f"{layer}: {what}")
+
+
+def pytest_collection_modifyitems(items):
+    """Each test gets the marker of its file's layer: `pytest -m head` runs the head's tests."""
+    for item in items:
+        layer = LAYER_OF.get(item.path.name)
+        if layer is not None:
+            item.add_marker(layer)
 
 
 @pytest.fixture(scope="session")

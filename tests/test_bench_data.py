@@ -1,5 +1,6 @@
-"""`make bench-data` (benchmarks/bench_data.py) builds its sets once and prints every figure (tiny sizes here;
-the figures themselves are not tested)."""
+"""`make bench-data` (benchmarks/bench_data.py) builds its sets once and prints every figure.
+
+Tiny sizes here; the figures themselves are not tested."""
 import json
 import sys
 

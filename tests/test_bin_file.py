@@ -1,8 +1,9 @@
-"""A .bin verification set is data (issue 33 items 1, 5 and 4): whatever a file holds, the loader builds
-only uint8 images and booleans from it or refuses it naming the file; a set that loads can be evaluated;
-two sets of one name are reported apart; an evaluation that fails during training keeps the step's
-checkpoint. Attacks go through `python -m mxnet_pfc.verify` and the trainer under horovodrun, as users
-run them; the loader is fuzzed in a process of its own (tests/bin_fuzz_worker.py)."""
+"""A .bin verification set is data (issue 33 items 1, 5 and 4): it loads as images and booleans, or is refused.
+
+Whatever a file holds, the loader builds only uint8 images and booleans from it or refuses it naming the file;
+a set that loads can be evaluated; two sets of one name are reported apart; an evaluation that fails during
+training keeps the step's checkpoint. Attacks go through `python -m mxnet_pfc.verify` and the trainer under
+horovodrun, as users run them; the loader is fuzzed in a process of its own (tests/bin_fuzz_worker.py)."""
 import inspect
 import json
 import os

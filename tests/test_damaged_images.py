@@ -1,6 +1,8 @@
-"""JPEG data damaged inside a record: libjpeg only warns (`Corrupt JPEG data: ...` on stderr)
-and cv2.imdecode returns the damaged picture, so decoding is strict: the trainer and the
-check command stop on such a record, naming it (docs/failures.md, 'Damaged data')."""
+"""JPEG data damaged inside a record stops the trainer and the check command, naming the record.
+
+Libjpeg only warns (`Corrupt JPEG data: ...` on stderr) and cv2.imdecode returns the damaged picture, so
+decoding is strict: the trainer and the check command stop on such a record, naming it (docs/failures.md,
+'Damaged data')."""
 import os
 import subprocess
 import sys

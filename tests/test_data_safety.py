@@ -1,8 +1,9 @@
-"""Files read are bounded and stay where the user put them (issue 22, items 6 and 7), tried as
-users run the tools (`python -m mxnet_pfc.data.pack`, config.sh under horovodrun) on folders
-changed the way a person's or an attacker's tools change them: a .rec header rewritten, an
-edited images-index.json, symlinks out of the image folder, a FIFO or /dev/zero named *.jpg,
-two packs into one folder, a pack stopped midway, a folder name that is not UTF-8.
+"""Files read are bounded and stay where the user put them (issue 22, items 6 and 7).
+
+Tried as users run the tools (`python -m mxnet_pfc.data.pack`, config.sh under horovodrun) on folders changed
+the way a person's or an attacker's tools change them: a .rec header rewritten, an edited images-index.json,
+symlinks out of the image folder, a FIFO or /dev/zero named *.jpg, two packs into one folder, a pack stopped
+midway, a folder name that is not UTF-8.
 
 Commands that could read /dev/zero or allocate by a forged count run under `ulimit -v`, so a
 regression fails the test with a MemoryError instead of taking the machine's memory.

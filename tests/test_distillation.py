@@ -1,7 +1,8 @@
-"""Distillation from a frozen teacher (--teacher, --distill_weight): the term's gradient against a float64
-computation, and through config.sh: the student moves towards its teacher while Partial FC trains, the
-teacher's cost is in the per-phase log, the export leaves the projection out, a resume continues it bit
-for bit, and a teacher that does not fit stops both ranks before step 1."""
+"""Distillation from a frozen teacher (--teacher, --distill_weight): its gradient, and through config.sh.
+
+The term's gradient against a float64 computation, and through config.sh: the student moves towards its
+teacher while Partial FC trains, the teacher's cost is in the per-phase log, the export leaves the projection
+out, a resume continues it bit for bit, and a teacher that does not fit stops both ranks before step 1."""
 import json
 
 import mxnet as mx

@@ -1,5 +1,7 @@
-"""The preflight `python -m mxnet_pfc.doctor` (issue 34 item 3) on faked GPU machines, and the one home of the
-MXNet CUDA wheels' architectures (mxnet_pfc/runtime/mxnet_wheel_gpus.txt) that set-up and the trainer share.
+"""The preflight `python -m mxnet_pfc.doctor` (issue 34 item 3) on faked GPU machines.
+
+Also the one home of the MXNet CUDA wheels' architectures (mxnet_pfc/runtime/mxnet_wheel_gpus.txt) that set-up
+and the trainer share.
 
 A stand-in nvidia-smi on PATH answers as a real one for an A100 (8.0), an H100 (9.0) or nothing; a fake
 library holds CUDA fat binaries for the architectures. This machine's MXNet is the CPU wheel, so the runs

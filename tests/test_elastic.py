@@ -1,5 +1,7 @@
-"""The elastic supervisor (python -m mxnet_pfc.elastic): relaunch after a lost rank, grow when slots
-appear, limits, and Ctrl-C, on this host's ranks (test_two_hosts cuts the link between two hosts under it)."""
+"""The elastic supervisor on this host's ranks: relaunch after a lost rank, grow, limits, Ctrl-C.
+
+`python -m mxnet_pfc.elastic`: relaunch after a lost rank, grow when slots appear, limits, and Ctrl-C, on this
+host's ranks (test_two_hosts cuts the link between two hosts under it)."""
 import json
 import os
 import shutil

@@ -1,6 +1,7 @@
-"""A supervisor killed (SIGKILL) and started again with the same command adopts the job it left running
-(issue 22 item 4): it neither reports the job's normal end as a failure, nor launches a second job into
-the folder (refused by the output lock, and counted as lost ranks), nor starts over from step 0.
+"""A supervisor killed (SIGKILL) and started again with the same command adopts the job it left running.
+
+Issue 22 item 4: it neither reports the job's normal end as a failure, nor launches a second job into the
+folder (refused by the output lock, and counted as lost ranks), nor starts over from step 0.
 
 The job is frozen (SIGSTOP) from the moment the first supervisor is killed until the second says it
 adopted it: what the job has done by then is decided by that event, not by the machine's speed."""

@@ -1,7 +1,8 @@
-"""What the elastic supervisor (python -m mxnet_pfc.elastic) believes of the files in OUTPUT (issue 33):
-it adopts and stops only a job launched for its own output folder (items 3: `cp -a` of a live run, an
-edited job.json), a record nested 100,000 levels deep is a named error (item 2), and a rank that dies
-twice reading the same file is not a lost rank (item 8).
+"""What the elastic supervisor (python -m mxnet_pfc.elastic) believes of the files in OUTPUT.
+
+Issue 33: it adopts and stops only a job launched for its own output folder (items 3: `cp -a` of a live run,
+an edited job.json), a record nested 100,000 levels deep is a named error (item 2), and a rank that dies twice
+reading the same file is not a lost rank (item 8).
 
 The jobs are stand-ins for horovodrun (bash scripts, as in test_elastic.py): their "ranks" are marked
 processes found by their command line, so what is left running, and whose it is, can be checked.

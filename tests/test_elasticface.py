@@ -1,5 +1,4 @@
-"""ElasticFace (arc, cos and their "+" variants) under the sharded, sampled head on 1-4 CPU ranks against
-the official formula.
+"""ElasticFace (arc, cos, their "+" variants) under the sharded, sampled head on 1-4 CPU ranks vs the official formula.
 
 The reference is written from fdbtrs/ElasticFace utils/losses.py (ElasticArcFace, ElasticCosFace, with
 plus=True for the "+" variants) in dense float64 numpy, sharing no code with mxnet_pfc. The one thing it

@@ -1,9 +1,10 @@
-"""One decoder (mxnet_pfc.data.faces) behind the four readers of face images: the training
-iterator, the verification .bin loader, the packing tool and the embed command. Each refuses a
-damaged JPEG naming the image's source, reads PNG as well as JPEG, gives RGB, and meets an
-image of another size with the same message (or resizes it, where that is the caller's way).
-The verification loader reads a damaged JPEG as OpenCV always has (the published pair sets are
-read as they were), and refuses what does not decode at all."""
+"""One decoder (mxnet_pfc.data.faces) behind the four readers of face images.
+
+The training iterator, the verification .bin loader, the packing tool and the embed command. Each refuses a
+damaged JPEG naming the image's source, reads PNG as well as JPEG, gives RGB, and meets an image of another
+size with the same message (or resizes it, where that is the caller's way). The verification loader reads a
+damaged JPEG as OpenCV always has (the published pair sets are read as they were), and refuses what does not
+decode at all."""
 import pickle
 
 import cv2

@@ -1,5 +1,4 @@
-"""A model's graph cannot reach the project's kernels, and the kernels leave the process as they found it
-(issue 33 items 2 and 7).
+"""A model's graph cannot reach the project's kernels, which leave the process as they found it (issue 33 items 2, 7).
 
 - Symbol files are data from anyone: one reader (runtime/symbol_file.py) checks the JSON before MXNet parses
   it and refuses this project's kernels (pfc_*) and custom operators anywhere in the graph, naming the node;

@@ -1,5 +1,6 @@
-"""Images and the files naming them are data from others (issue 33, items 6, 4 and 8), tried as users run
-the tools on files written the way an attacker would write them:
+"""Images and the files naming them are data from others (issue 33, items 6, 4 and 8).
+
+Tried as users run the tools on files written the way an attacker would write them:
 
 - a 110 KB PNG or a 16x16 JPEG whose header claims 30,000 x 30,000 pixels (2.7 GB decoded) is refused from
   its header, naming it and its size, by every reader of one image: pack, check, embed, the verification

@@ -1,8 +1,8 @@
-"""Starting from the files users have from InsightFace's MXNet code, written by that code itself
-(tests/insightface_files.py runs the copies in tests/third_party/insightface): its backbones as symbol files
-(--network), its model-zoo and Partial FC parameters (--pretrained), and the centers of a run of its MXNet
-Partial FC (--init_centers), continued here on another number of ranks.
-"""
+"""Starting from the files users have from InsightFace's MXNet code, written by that code itself.
+
+That code runs from tests/third_party/insightface (tests/insightface_files.py). Here: its backbones as symbol
+files (--network), its model-zoo and Partial FC parameters (--pretrained), and the centers of a run of its
+MXNet Partial FC (--init_centers), continued here on another number of ranks."""
 import json
 import sys
 

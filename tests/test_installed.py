@@ -1,5 +1,4 @@
-"""The package without the checkout: built as a wheel, installed into an environment of its own, run from
-a folder outside the checkout.
+"""The package without the checkout: a wheel, installed into an environment of its own, run from outside it.
 
 The environment is a fresh venv holding the installed mxnet-pfc and its commands; mxnet, Horovod and the
 other requirements come from the project's venv through a .pth line naming its site-packages (a plain

@@ -1,5 +1,7 @@
-"""The margin losses as users train them: --loss PRESET through config.sh, their running statistics
-and per-sample draws kept in checkpoints, so that a resume continues them exactly, and each of them learns.
+"""The margin losses as users train them (--loss PRESET through config.sh): each resumes exactly and learns.
+
+Their running statistics and per-sample draws are kept in checkpoints, so that a resume continues them
+exactly.
 
 The head's numbers for each loss are checked against independent float64 computations in test_adaface.py,
 test_curricularface.py, test_elasticface.py, test_magface.py and test_subcenter.py; here the trainer

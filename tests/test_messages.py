@@ -1,5 +1,7 @@
-"""Every error says what happened (issue 22 item 7): MXNet's reason and the file it concerns, the option
-or field of bad input, one line from horovodrun at the end of a failed run, and dated log lines."""
+"""Every error says what happened (issue 22 item 7).
+
+MXNet's reason and the file it concerns, the option or field of bad input, one line from horovodrun at the end
+of a failed run, and dated log lines."""
 import os
 import re
 import shutil

@@ -1,7 +1,8 @@
-"""Training on your own data: an image folder without packing (the same epoch logic as RecordIO,
-its file list cached beside the output), the class count checked against the set, verification
-sets beside the set found, the float32 label limit, a help sentence for every option.
-"""
+"""Training on your own data: an image folder without packing, its class count, its verification sets.
+
+An image folder without packing (the same epoch logic as RecordIO, its file list cached beside the output),
+the class count checked against the set, verification sets beside the set found, the float32 label limit, a
+help sentence for every option."""
 import dataclasses
 import logging
 import os

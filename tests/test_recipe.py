@@ -1,5 +1,6 @@
-"""Own data trains the field's standard recipe, named after the data; the synthetic default stays the toy run;
-the start-up log's recipe line and CPU cost estimate; --help grouped by the configuration's sections."""
+"""Own data trains the field's standard recipe, named after the data; the synthetic default stays the toy run.
+
+Also the start-up log's recipe line and CPU cost estimate, and --help grouped by the configuration's sections."""
 import re
 import subprocess
 import sys

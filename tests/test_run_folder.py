@@ -1,6 +1,7 @@
-"""The paths under a run's output folder (mxnet_pfc.runtime.run_folder): old runs, the elastic supervisor
-and the tests depend on every name and place, so they are pinned here; and the records the trainer and the
-supervisor exchange there (run_records)."""
+"""The paths under a run's output folder, pinned, and the records the trainer and supervisor exchange.
+
+mxnet_pfc.runtime.run_folder: old runs, the elastic supervisor and the tests depend on every name and place,
+so they are pinned here; and the records the trainer and the supervisor exchange there (run_records)."""
 import os
 
 from mxnet_pfc.runtime import run_records

@@ -1,7 +1,7 @@
-"""What a run reads from files and options, checked (issue 33, item 8): messages that quote a file's content
-stay short whatever the file holds, state.json's shards must tile the classes, and --start_over sees through
-symlinks into OUTPUT.
-"""
+"""What a run reads from files and options, checked (issue 33, item 8).
+
+Messages that quote a file's content stay short whatever the file holds, state.json's shards must tile the
+classes, and --start_over sees through symlinks into OUTPUT."""
 import json
 import os
 import re

@@ -1,6 +1,8 @@
-"""Training on Slurm as users submit it: setup-utils/slurm.sbatch and the srun path, against a real one-node
-cluster (Debian's slurmctld, slurmd and munge, started by the tests: slurm_cluster.py); the allocation's
-syntax (mxnet_pfc/runtime/slurm.py) against Slurm's documented forms.
+"""Training on Slurm as users submit it (slurm.sbatch, srun), against a real one-node cluster.
+
+Through setup-utils/slurm.sbatch and the srun path, against a real one-node cluster (Debian's slurmctld,
+slurmd and munge, started by the tests: slurm_cluster.py); the allocation's syntax
+(mxnet_pfc/runtime/slurm.py) against Slurm's documented forms.
 
 The cluster tests submit the batch script with sbatch as a user does, on the 2-rank reference run's data:
 it trains with hosts and slots from the allocation (mpirun, srun, horovodrun, the elastic supervisor),

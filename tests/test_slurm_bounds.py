@@ -1,9 +1,10 @@
-"""What a Slurm allocation can be (issue 33 item 6): a host list or per-node counts that name more nodes
-than any allocation has are refused before anything is expanded (`r[0-99998]n[0-99998]` and
-`8(x9999999999)` used to end in a MemoryError), and node task counts of 0 or 10^20 are refused by name
-(they were passed on as `-np 0`). Through the functions, the `hosts` command that setup-utils/slurm.sbatch
-and the elastic supervisor's discovery run, the batch script itself, and the supervisor's own reading of
-a discovery script's `host:slots` lines."""
+"""What a Slurm allocation can be (issue 33 item 6): more nodes or tasks than any has are refused.
+
+A host list or per-node counts that name more nodes than any allocation has are refused before anything is
+expanded (`r[0-99998]n[0-99998]` and `8(x9999999999)` used to end in a MemoryError), and node task counts of 0
+or 10^20 are refused by name (they were passed on as `-np 0`). Through the functions, the `hosts` command that
+setup-utils/slurm.sbatch and the elastic supervisor's discovery run, the batch script itself, and the
+supervisor's own reading of a discovery script's `host:slots` lines."""
 import os
 import resource
 import subprocess

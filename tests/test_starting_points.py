@@ -1,6 +1,8 @@
-"""Starting a run from what users have, through config.sh: a pretrained backbone (--pretrained), centers
-imprinted from it or taken from a checkpoint (--init_centers), a frozen warm-up (--freeze_backbone_steps),
-and any backbone given as a symbol file (--network FILE).
+"""Starting a run from what users have: a pretrained backbone, centers, a frozen warm-up, a symbol file.
+
+Through config.sh: a pretrained backbone (--pretrained), centers imprinted from it or taken from a checkpoint
+(--init_centers), a frozen warm-up (--freeze_backbone_steps), and any backbone given as a symbol file
+(--network FILE).
 
 Model A is the session's 2-rank run that learns (conftest.learned: 120 steps on 100 synthetic identities);
 set B is another synthetic set (its own identities: another seed) on which A is fine-tuned. The checks of

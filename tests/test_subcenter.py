@@ -1,5 +1,6 @@
-"""Sub-center ArcFace under the sharded, sampled head on 1-4 CPU ranks against the official formula, and its
-K rows per class through checkpoints, re-sharding and the trainer's checks.
+"""Sub-center ArcFace against the official formula on 1-4 CPU ranks, and its K rows per class.
+
+Under the sharded, sampled head; the K rows go through checkpoints, re-sharding and the trainer's checks.
 
 The reference is written from insightface's recognition/subcenter_arcface/train_parall.py (get_symbol_arcface,
 lines 120-178, commit 7fadd42) in dense float64 numpy, sharing no code with mxnet_pfc: K rows per class,

@@ -1,5 +1,4 @@
-"""Two hosts (network namespaces joined by a veth pair), one rank each, launched by horovodrun over ssh
-under the elastic supervisor.
+"""Two hosts (network namespaces joined by a veth pair), one rank each, horovodrun over ssh under the supervisor.
 
 The link is cut mid-run: both ranks stop within the Gloo timeout, saying why,
 and the supervisor relaunches on host A alone with --resume latest; the link

@@ -1,7 +1,7 @@
-"""A new user's path, run as users run it (config.sh under horovodrun): their own data is
-never written to, a resumed run always trains what is left, one run per output folder,
-independent randomness per rank from step 0, and stops that say what happened.
-"""
+"""A new user's path, run as users run it (config.sh under horovodrun).
+
+Their own data is never written to, a resumed run always trains what is left, one run per output folder,
+independent randomness per rank from step 0, and stops that say what happened."""
 import hashlib
 import json
 import os

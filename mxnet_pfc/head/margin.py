@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,7 +57,10 @@ class Margin:
     state() / load_state(state) are those statistics (a dict of floats, {} if none).
     KIND and PARAM_NAMES name the margin and the values of as_tuple() (checked equal across ranks).
     CONFIG_PREFIX names the trainer's fields of its PARAM_NAMES other than s (config.py): PREFIX_NAME;
-    s is margin_s for every margin. The constructor's defaults are the published ones (LOSSES, below).
+    s is margin_s for every margin. CONFIG_PARAMS (all of PARAM_NAMES unless given) are the parameters that
+    are fields, CONFIG_HELP says each but s in a sentence for --help; the constructor's annotations and defaults
+    (the published values, LOSSES below) are the fields' types and defaults. config.py builds its loss fields
+    from these (config_fields): a new loss is added in this module only.
 
     A loss that depends on the embeddings' norms beyond the target logit (MagFace) sets USES_NORM and
     gives norm_terms(cos_t, norms) -> (penalty, d penalty / d norm, d f_t / d norm), each (N,): the head adds
@@ -75,6 +79,7 @@ class Margin:
     PARAM_NAMES: "tuple[str, ...]" = ()
     CONFIG_PREFIX = ""
     CONFIG_FIELDS: "dict[str, str]" = {}    # a parameter's field where it is not PREFIX_NAME
+    CONFIG_HELP: "dict[str, str]" = {}      # --help's sentence of each of CONFIG_PARAMS but s (SCALE_HELP)
     USES_NORM = False
     HARD_NEGATIVES = False
     subcenters = 1
@@ -113,6 +118,11 @@ class CombinedMarginLoss(Margin):
     KIND = 0.0
     PARAM_NAMES = ("s", "m1", "m2", "m3")
     CONFIG_PREFIX = "margin"
+    CONFIG_HELP = {
+        "m1": "Multiplicative angular margin m1 (SphereFace; 1 = none) of the combined-margin losses.",
+        "m2": "Additive angular margin m2 in radians (ArcFace; 0 = none) of the combined-margin losses.",
+        "m3": "Additive cosine margin m3 (CosFace; 0 = none) of the combined-margin losses.",
+    }
 
     def __init__(self, s: float = 64.0, m1: float = 1.0, m2: float = 0.5, m3: float = 0.0, fallback: bool = True):
         """ArcFace's margins unless others are given. fallback=False drops the branch past pi (sub-center
@@ -198,6 +208,11 @@ class AdaFaceMargin(Margin):
     KIND = 1.0
     PARAM_NAMES = ("s", "m", "h", "t_alpha")
     CONFIG_PREFIX = "adaface"
+    CONFIG_HELP = {
+        "m": "AdaFace's margin m (--loss adaface).",
+        "h": "AdaFace's h: how far the norm, in batch standard deviations, moves the margin (--loss adaface).",
+        "t_alpha": "AdaFace's momentum of the running mean and std of the feature norms (--loss adaface).",
+    }
     EPS = 1e-3                  # head.py:61
     NORM_CLIP = (0.001, 100.0)  # head.py:83
     INITIAL = {"batch_mean": 20.0, "batch_std": 100.0}   # head.py:67-69
@@ -282,6 +297,10 @@ class ElasticFaceMargin(Margin):
     PARAM_NAMES = ("s", "m", "std", "angular", "plus", "seed")
     CONFIG_PREFIX = "elastic"
     CONFIG_PARAMS = ("s", "m", "std")
+    CONFIG_HELP = {
+        "m": "ElasticFace's mean margin: angular (elasticface-arc*) or cosine (elasticface-cos*).",
+        "std": "ElasticFace's standard deviation of the per-sample margin (--loss elasticface-*).",
+    }
 
     def __init__(self, s: float = 64.0, m: float = 0.5, std: float = 0.05, angular: bool = True,
                  plus: bool = False, seed: int = 0):
@@ -358,6 +377,13 @@ class MagFaceMargin(Margin):
     PARAM_NAMES = ("s", "l_a", "u_a", "l_m", "u_m", "lambda_g", "easy_margin")
     CONFIG_PREFIX = "magface"
     CONFIG_PARAMS = ("s", "l_a", "u_a", "l_m", "u_m", "lambda_g")
+    CONFIG_HELP = {
+        "l_a": "MagFace's smallest feature norm l_a: norms are clipped to [l_a, u_a] (--loss magface).",
+        "u_a": "MagFace's largest feature norm u_a (--loss magface).",
+        "l_m": "MagFace's margin at norm l_a (--loss magface).",
+        "u_m": "MagFace's margin at norm u_a (--loss magface).",
+        "lambda_g": "MagFace's weight of the norm regulariser g(a) = a / u_a^2 + 1 / a (--loss magface).",
+    }
     USES_NORM = True
 
     def __init__(self, s: float = 64.0, l_a: float = 10.0, u_a: float = 110.0, l_m: float = 0.45, u_m: float = 0.8,
@@ -445,6 +471,11 @@ class CurricularFaceMargin(Margin):
     KIND = 4.0
     PARAM_NAMES = ("s", "m", "t_alpha")
     CONFIG_PREFIX = "curricular"
+    CONFIG_HELP = {
+        "m": "CurricularFace's additive angular margin m (--loss curricularface).",
+        "t_alpha": "CurricularFace's momentum of t, the running mean target cosine (0.01 in the official code, "
+                   "0.1 in Tencent/TFace's) (--loss curricularface).",
+    }
     HARD_NEGATIVES = True
 
     def __init__(self, s: float = 64.0, m: float = 0.5, t_alpha: float = 0.01):
@@ -505,6 +536,9 @@ class SubCenterArcFace(CombinedMarginLoss):
     PARAM_NAMES = ("s", "m1", "m2", "m3", "subcenters")
     CONFIG_PREFIX = "margin"
     CONFIG_FIELDS = {"subcenters": "subcenter_k"}
+    CONFIG_HELP = {**CombinedMarginLoss.CONFIG_HELP,
+                   "subcenters": "Sub-center ArcFace's centers per class K; the memory bank holds K rows per class "
+                                 "(--loss subcenter-arcface, which also takes margin_m1..m3)."}
 
     def __init__(self, s: float = 64.0, m1: float = 1.0, m2: float = 0.5, m3: float = 0.0, subcenters: int = 3):
         if isinstance(subcenters, bool) or not isinstance(subcenters, (int, np.integer)) or not 1 <= subcenters <= 64:
@@ -553,6 +587,31 @@ def config_params(kind: type) -> "tuple[str, ...]":
 def config_field(kind: type, param: str) -> str:
     """The trainer's configuration field of parameter `param` of margin class `kind`."""
     return "margin_s" if param == "s" else kind.CONFIG_FIELDS.get(param, f"{kind.CONFIG_PREFIX}_{param}")
+
+
+SCALE_HELP = "Scale s of the logits (the norm the cosines are multiplied by), for every loss."
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """A margin parameter as a field of the trainer's configuration (and an option of its --help)."""
+    type: str               # the constructor's annotation: 'float' or 'int'
+    default: "float | int"  # the constructor's default: the published value
+    help: str
+
+
+def config_fields() -> "dict[str, ConfigField]":
+    """Every configuration field of a margin parameter, by name, in the order of LOSSES' classes; a field that
+    classes share (margin_s, margin_m1..m3) is stated by the first (test_loss_presets: they agree)."""
+    found = {}
+    for kind, _ in LOSSES.values():
+        signature = inspect.signature(kind).parameters
+        for param in config_params(kind):
+            field = config_field(kind, param)
+            if field not in found:
+                found[field] = ConfigField(signature[param].annotation, signature[param].default,
+                                           SCALE_HELP if param == "s" else kind.CONFIG_HELP[param])
+    return found
 
 
 def make_margin(name: str, **params) -> Margin:

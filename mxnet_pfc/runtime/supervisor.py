@@ -2,7 +2,8 @@
 
 The command is `python -m mxnet_pfc.elastic` (mxnet_pfc/elastic.py: its options and what it does);
 this module is its machinery: host discovery, launching and adopting a job (horovodrun in a session of
-its own), the stop-at-checkpoint request, and the timeline. See docs/DESIGN.md section 6.5.
+its own), the stop-at-checkpoint request, the timeline, and what to do when a job ends (decide: a pure
+function of what is known of the end, tested as a table). See docs/DESIGN.md section 6.5.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 
 from mxnet_pfc.runtime import checkpoints, failure_records, run_records, slurm
 from mxnet_pfc.runtime.errors import quoted
@@ -222,6 +224,129 @@ def wait_for_lock(output: str, timeout: float) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and run_lock.holder_active(output):
         time.sleep(1.0)
+
+
+# ------------------------------------------------------------------ what to do next
+@dataclass(frozen=True)
+class Exit:
+    """End the supervisor with `status`, after saying `say` on the timeline."""
+    status: int
+    say: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch the job (again), for `reason` (the timeline's `launch (REASON)`). A restart spends one of
+    --max-restarts and waits for the output lock first; it remembers `death_reading` for the next end."""
+    reason: str
+    restart: bool = False
+    death_reading: "tuple[str, str] | None" = None      # (file, starting checkpoint): see Supervisor
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Say `say`, then watch the run that holds the output; launch for `reason` if it has already ended."""
+    say: str
+    reason: str
+
+
+def decide_start(finished: "dict | None", finished_path: str, length: list, adopted: bool,
+                 start_over: bool) -> "Exit | Launch":
+    """Before the first launch: a finished run (its record `finished`, at `finished_path`) asked to train as
+    long as `length` (max_update, num_epoch) is not launched again, unless a job was adopted or the run
+    starts over."""
+    if adopted or start_over or finished is None:
+        return Launch("start")
+    if finished.get("length") == length:
+        return Exit(0, f"finished (the run's record {finished_path}): nothing to launch")
+    return Launch(f"the finished run asked to train to --max_update/--num_epoch {length}, "
+                  f"not {finished.get('length')}")
+
+
+def decide(end, restarts: int, max_restarts: int, last_death_reading: "tuple[str, str] | None") \
+        -> "Exit | Launch | Adopt":
+    """What to do once a job has ended, from what is known of its end (`end`: JobEnd's attributes, read in
+    this order and only as far as the decision needs them), the restarts spent and the last job's death
+    reading a file. A failure of the run's own is not relaunched; a lost rank or host is, --max-restarts
+    times; the same file killing a rank twice from the same checkpoint is the file's doing."""
+    if end.interrupted is not None:
+        left = " (not ours to stop: left running)" if end.left_running else ""
+        why = f"{end.slurm_ending}: " if end.slurm_ending else ""   # scancel, a time limit: say so
+        return Exit(128 + end.interrupted,
+                    f"{why}interrupted ({signal.Signals(end.interrupted).name}): job stopped{left}")
+    status = "exit status unknown: adopted" if end.code is None else f"exit {end.code}"
+    if end.stopped:
+        return Launch(f"grow: stopped at {end.held} to take more ranks")
+    if end.finished:
+        return Exit(0, "finished")
+    if end.busy is not None:
+        return Adopt(f"the job was refused by the output lock ({end.busy.get('refused')}): not a lost rank; "
+                     f"watching the run that holds it", "the run that held the output has ended")
+    failure = end.failure
+    if failure is not None or end.code == 2:
+        return Exit(1 if end.code is None else end.code,
+                    f"failed on an error of its own ({status}): {failure or 'a configuration error'}; "
+                    f"not relaunched")
+    died = end.died
+    death_reading = (died[1], end.held) if died is not None else None
+    if died is not None and last_death_reading == death_reading:
+        rank, file, how = died
+        start = death_reading[1]
+        return Exit(end.code or 1,
+                    f"failed again on the same file ({status}): rank {rank} died reading {file} ({how}), twice, "
+                    f"both times from {'the start' if start == '-' else 'checkpoint ' + start}: the file causes "
+                    f"it, not a lost rank; not relaunched (replace or remove the file)")
+    if restarts >= max_restarts:
+        return Exit(EXIT_GAVE_UP, f"gave up: the job ended ({status}) without finishing and --max-restarts "
+                                  f"{max_restarts} relaunches are spent")
+    reason = f"restart {restarts + 1}/{max_restarts}: the job lost a rank or host ({status})"
+    if died is not None:
+        reason += f"; rank {died[0]} died reading {died[1]} ({died[2]})"
+    return Launch(reason, restart=True, death_reading=death_reading)
+
+
+class JobEnd:
+    """What decide() knows of a job that has ended. Each record is read from OUTPUT when decide first asks
+    for it, as the loop did before decide existed: a damaged record is said in the log as it is read, so
+    one the decision does not need is neither read nor said."""
+
+    def __init__(self, supervisor: "Supervisor", job: "Job | HeldOutput", code: "int | None", ranks: int):
+        self._supervisor, self._ranks = supervisor, ranks
+        self.code = code                                    # horovodrun's exit status (None: adopted)
+        self.interrupted = supervisor.interrupted           # the signal that stopped this supervisor
+        self.left_running = isinstance(job, HeldOutput)     # a run not ours to stop
+
+    @cached_property
+    def slurm_ending(self) -> "str | None":
+        """Why Slurm ended the job (asked now if the job had ended before watch() could ask)."""
+        known = self._supervisor.slurm_ending
+        return slurm.job_ending() if known is None else known
+
+    @cached_property
+    def stopped(self) -> bool:
+        """The job stopped at a checkpoint to take more ranks."""
+        return run_records.read(self._supervisor.run_folder.stopped_record) is not None
+
+    @cached_property
+    def finished(self) -> bool:
+        return self._supervisor.own_record(self._supervisor.run_folder.finished_record) is not None
+
+    @cached_property
+    def busy(self) -> "dict | None":
+        """The job's record of its refusal by the output lock."""
+        return self._supervisor.own_record(self._supervisor.run_folder.busy_record)
+
+    @cached_property
+    def failure(self) -> "str | None":
+        return job_failure(self._supervisor.run_folder, self._ranks)
+
+    @cached_property
+    def died(self) -> "tuple[int, str, str] | None":
+        return died_reading(self._supervisor.run_folder, self._ranks)
+
+    @cached_property
+    def held(self) -> str:
+        return held(self._supervisor.run_folder)
 
 
 # ------------------------------------------------------------------ the supervisor
@@ -438,17 +563,15 @@ class Supervisor:
         return why is None
 
     def run(self) -> int:
+        """Launch (or adopt) the job, watch it, and do what decide says when it ends; the exit status."""
         resume = option_value(self.trainer_args, "--resume") is not None
-        reason = "start"
         adopted = self.adopt()
-        finished = run_records.read(self.run_folder.finished_record)
-        if adopted is None and not self.start_over and finished is not None:
-            if finished.get("length") == self.length:
-                self.event(0, (), f"finished (the run's record {self.run_folder.finished_record}): nothing to "
-                                  f"launch")
-                return 0
-            reason = (f"the finished run asked to train to --max_update/--num_epoch {self.length}, "
-                      f"not {finished.get('length')}")
+        decision = decide_start(run_records.read(self.run_folder.finished_record), self.run_folder.finished_record,
+                                self.length, adopted is not None, self.start_over)
+        if isinstance(decision, Exit):
+            self.event(0, (), decision.say)
+            return decision.status
+        reason = decision.reason
         while True:
             if adopted is not None:
                 job, np_, assigned = adopted
@@ -468,54 +591,22 @@ class Supervisor:
                 job = self.launch(assigned, resume)
             code = self.watch(job, np_, assigned)
             adopted = None
-            if self.interrupted is not None:
-                left = " (not ours to stop: left running)" if isinstance(job, HeldOutput) else ""
-                # scancel, a time limit: say so (asked here if the job had ended before watch() could ask)
-                ending = slurm.job_ending() if self.slurm_ending is None else self.slurm_ending
-                why = f"{ending}: " if ending else ""
-                self.event(np_, assigned,
-                           f"{why}interrupted ({signal.Signals(self.interrupted).name}): job stopped{left}")
-                return 128 + self.interrupted
-            status = "exit status unknown: adopted" if code is None else f"exit {code}"
-            stopped = run_records.read(self.run_folder.stopped_record)
-            if stopped is not None:
-                reason = f"grow: stopped at {held(self.run_folder)} to take more ranks"
-                continue
-            if self.own_record(self.run_folder.finished_record) is not None:
-                self.event(np_, assigned, "finished")
-                return 0
-            busy = self.own_record(self.run_folder.busy_record)
-            if busy is not None:
-                self.event(np_, assigned, f"the job was refused by the output lock ({busy.get('refused')}): "
-                                          f"not a lost rank; watching the run that holds it")
+            decision = decide(JobEnd(self, job, code, np_ or self.args.max_np), self.restarts,
+                              self.args.max_restarts, self.last_death_reading)
+            if isinstance(decision, (Exit, Adopt)):
+                self.event(np_, assigned, decision.say)
+            if isinstance(decision, Exit):
+                return decision.status
+            if isinstance(decision, Adopt):
                 adopted = self.adopt()
                 if adopted is None:
-                    reason = "the run that held the output has ended"
+                    reason = decision.reason
                 continue
-            failure = job_failure(self.run_folder, np_ or self.args.max_np)
-            if failure is not None or code == 2:
-                self.event(np_, assigned, f"failed on an error of its own ({status}): "
-                                          f"{failure or 'a configuration error'}; not relaunched")
-                return 1 if code is None else code
-            died = died_reading(self.run_folder, np_ or self.args.max_np)
-            start = held(self.run_folder)
-            if died is not None and self.last_death_reading == (died[1], start):
-                rank, file, how = died
-                self.event(np_, assigned, f"failed again on the same file ({status}): rank {rank} died reading "
-                                          f"{file} ({how}), twice, both times from "
-                                          f"{'the start' if start == '-' else 'checkpoint ' + start}: the file "
-                                          f"causes it, not a lost rank; not relaunched (replace or remove the file)")
-                return code or 1
-            self.last_death_reading = (died[1], start) if died is not None else None
-            if self.restarts >= self.args.max_restarts:
-                self.event(np_, assigned, f"gave up: the job ended ({status}) without finishing and "
-                                          f"--max-restarts {self.args.max_restarts} relaunches are spent")
-                return EXIT_GAVE_UP
-            self.restarts += 1
-            reason = f"restart {self.restarts}/{self.args.max_restarts}: the job lost a rank or host ({status})"
-            if died is not None:
-                reason += f"; rank {died[0]} died reading {died[1]} ({died[2]})"
-            wait_for_lock(self.run_folder.root, timeout=120.0)
+            reason = decision.reason
+            if decision.restart:
+                self.restarts += 1
+                self.last_death_reading = decision.death_reading
+                wait_for_lock(self.run_folder.root, timeout=120.0)
 
     def watch(self, job: "Job | HeldOutput", np_: "int | None", assigned) -> "int | None":
         """Until the job ends (or we are interrupted): ask it to grow when more slots appear. Returns

@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import glob
 import os
+import textwrap
 from dataclasses import dataclass, fields
 
 import symbols
@@ -44,6 +45,11 @@ from mxnet_pfc.head import margin
 from mxnet_pfc.runtime.errors import ConfigError, quoted
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import split_prefix
+
+# Every configuration field of a margin parameter (margin_s, margin_m1..m3, adaface_*, elastic_*, magface_*,
+# curricular_*, subcenter_k): its type, default and help are stated by head/margin.py's margin classes, the one
+# place a loss is added. A loss's own fields are its --loss preset (LOSSES); the others may not be given with it.
+MARGIN_FIELDS = margin.config_fields()
 
 
 @dataclass(frozen=True)
@@ -73,23 +79,10 @@ class Config:
     teacher: str = ""
     distill_weight: float = 1.0
     loss: str = "arcface"
-    margin_s: float = margin.preset_params("arcface")["s"]
-    margin_m1: float = margin.preset_params("arcface")["m1"]
-    margin_m2: float = margin.preset_params("arcface")["m2"]
-    margin_m3: float = margin.preset_params("arcface")["m3"]
-    adaface_m: float = margin.preset_params("adaface")["m"]
-    adaface_h: float = margin.preset_params("adaface")["h"]
-    adaface_t_alpha: float = margin.preset_params("adaface")["t_alpha"]
-    elastic_m: float = margin.preset_params("elasticface-arc")["m"]
-    elastic_std: float = margin.preset_params("elasticface-arc")["std"]
-    magface_l_a: float = margin.preset_params("magface")["l_a"]
-    magface_u_a: float = margin.preset_params("magface")["u_a"]
-    magface_l_m: float = margin.preset_params("magface")["l_m"]
-    magface_u_m: float = margin.preset_params("magface")["u_m"]
-    magface_lambda_g: float = margin.preset_params("magface")["lambda_g"]
-    curricular_m: float = margin.preset_params("curricularface")["m"]
-    curricular_t_alpha: float = margin.preset_params("curricularface")["t_alpha"]
-    subcenter_k: int = margin.preset_params("subcenter-arcface")["subcenters"]
+    # margin_s .. subcenter_k (MARGIN_FIELDS), in this place and order: each added as a line `NAME: TYPE = DEFAULT`
+    # would add it, to the class body's annotations and values (what @dataclass reads)
+    __annotations__.update({name: f.type for name, f in MARGIN_FIELDS.items()})
+    locals().update({name: f.default for name, f in MARGIN_FIELDS.items()})
     sample_rate: float = 1.0
     interclass_filtering_threshold: float = 0.0
     init_centers: str = "random"          # INIT_CENTERS or a folder
@@ -193,8 +186,6 @@ NETWORKS = {name: dict(network=name, **NETWORK_FIELDS.get(name, {})) for name in
 LOSSES = {name: dict(loss=name, **{margin.config_field(kind, param): margin.preset_params(name)[param]
                                    for param in margin.config_params(kind)})
           for name, (kind, _) in margin.LOSSES.items()}
-# Every configuration field of a margin parameter: the ones a loss does not use may not be given with it.
-MARGIN_FIELDS = {field for preset in LOSSES.values() for field in preset if field != "loss"}
 PRESET_FIELDS = {"recipe": RECIPES, "dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
 # What a --dataset preset says about its own data set. Naming your own set with
 # --rec or --images drops all of them: its class count, verification pairs and generation
@@ -208,10 +199,7 @@ SECTIONS = {
              "synthetic_identities", "synthetic_images_per_identity", "decode_threads"),
     "backbone": ("network", "network_output", "embedding_size", "dropout", "fp16", "pretrained", "teacher",
                  "distill_weight"),
-    "head and loss": ("loss", "margin_s", "margin_m1", "margin_m2", "margin_m3", "adaface_m", "adaface_h",
-                      "adaface_t_alpha", "elastic_m", "elastic_std", "magface_l_a", "magface_u_a", "magface_l_m",
-                      "magface_u_m", "magface_lambda_g", "curricular_m", "curricular_t_alpha", "subcenter_k",
-                      "sample_rate", "interclass_filtering_threshold", "init_centers"),
+    "head and loss": ("loss", *MARGIN_FIELDS, "sample_rate", "interclass_filtering_threshold", "init_centers"),
     "optimisation (both optimizers)": ("batch_size", "grad_accum", "lr", "lr_base_batch", "momentum",
                                        "weight_decay", "lr_schedule", "num_epoch", "decay_epochs", "lr_factor",
                                        "warmup_epochs", "poly_power", "max_update", "freeze_backbone_steps"),
@@ -222,6 +210,17 @@ SECTIONS = {
     "distributed": ("context", "stall_timeout"),
 }
 assert sorted(name for names in SECTIONS.values() for name in names) == sorted(f.name for f in fields(Config))
+
+
+
+def _own_fields_of_losses() -> str:
+    """'margin_m1, margin_m2, margin_m3 for arcface, cosface, ...; adaface_m, ... for adaface; ...': each margin
+    class's fields but margin_s, and its losses."""
+    losses_of: "dict[tuple, list[str]]" = {}
+    for name, preset in LOSSES.items():
+        losses_of.setdefault(tuple(f for f in preset if f not in ("loss", "margin_s")), []).append(name)
+    return "; ".join(f"{', '.join(own)} for {', '.join(names)}" for own, names in losses_of.items())
+
 
 # One sentence per field for --help: what it is and its unit (argparse adds the default).
 FIELD_HELP = {
@@ -259,28 +258,8 @@ FIELD_HELP = {
                       "--network, 0 reads it from the graph.",
     "dropout": "Dropout probability before the embedding's fully connected layer, in [0, 1).",
     "fp16": "Run the backbone body in float16 (GPU only), with float32 master weights.",
-    "loss": "The loss (docs/losses.md); sets margin_s and the fields of its own parameters (margin_m1..m3 for "
-            "arcface, cosface, combined, cosface-small; adaface_*; elastic_*; magface_*; curricular_*; subcenter_k "
-            "and margin_m1..m3 for subcenter-arcface), each at its published value.",
-    "margin_s": "Scale s of the logits (the norm the cosines are multiplied by), for every loss.",
-    "margin_m1": "Multiplicative angular margin m1 (SphereFace; 1 = none) of the combined-margin losses.",
-    "margin_m2": "Additive angular margin m2 in radians (ArcFace; 0 = none) of the combined-margin losses.",
-    "margin_m3": "Additive cosine margin m3 (CosFace; 0 = none) of the combined-margin losses.",
-    "adaface_m": "AdaFace's margin m (--loss adaface).",
-    "adaface_h": "AdaFace's h: how far the norm, in batch standard deviations, moves the margin (--loss adaface).",
-    "adaface_t_alpha": "AdaFace's momentum of the running mean and std of the feature norms (--loss adaface).",
-    "elastic_m": "ElasticFace's mean margin: angular (elasticface-arc*) or cosine (elasticface-cos*).",
-    "elastic_std": "ElasticFace's standard deviation of the per-sample margin (--loss elasticface-*).",
-    "magface_l_a": "MagFace's smallest feature norm l_a: norms are clipped to [l_a, u_a] (--loss magface).",
-    "magface_u_a": "MagFace's largest feature norm u_a (--loss magface).",
-    "magface_l_m": "MagFace's margin at norm l_a (--loss magface).",
-    "magface_u_m": "MagFace's margin at norm u_a (--loss magface).",
-    "magface_lambda_g": "MagFace's weight of the norm regulariser g(a) = a / u_a^2 + 1 / a (--loss magface).",
-    "curricular_m": "CurricularFace's additive angular margin m (--loss curricularface).",
-    "curricular_t_alpha": "CurricularFace's momentum of t, the running mean target cosine (0.01 in the official "
-                          "code, 0.1 in Tencent/TFace's) (--loss curricularface).",
-    "subcenter_k": "Sub-center ArcFace's centers per class K; the memory bank holds K rows per class "
-                   "(--loss subcenter-arcface, which also takes margin_m1..m3).",
+    "loss": "The loss (docs/losses.md); sets margin_s and the fields of its own parameters "
+            f"({_own_fields_of_losses()}), each at its published value.",
     "sample_rate": "Share of each rank's class centers in a step's softmax, in (0, 1]; positives always included.",
     "interclass_filtering_threshold": "Inter-class filtering (Partial FC v2, for identities split across labels): "
                                       "a negative class whose cosine with a sample exceeds this counts as cosine 0 "
@@ -326,6 +305,7 @@ FIELD_HELP = {
                       "with every thread's stack in OUTPUT/logs/stacks-rankR.txt; a warning at a quarter of it. "
                       "Above the slowest verification or checkpoint save of a real run; 0 turns the watchdog off."),
     "resume": "Continue a run: latest, a step number, or a checkpoint folder; '' starts afresh.",
+    **{name: f.help for name, f in MARGIN_FIELDS.items()},
     "start_over": ("Start afresh in an --output that holds an earlier run's checkpoints: its files are moved to "
                    "OUTPUT/earlier-runs/TIME/ first (nothing is deleted). Without it such a folder is refused "
                    "unless --resume is given."),
@@ -350,13 +330,20 @@ def _field_type(f: dataclasses.Field):
     return {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}[f.type]
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that never breaks a name at its hyphen (cosface-small, elasticface-arc+ stay whole)."""
+
+    def _split_lines(self, text: str, width: int) -> "list[str]":
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mxnet_pfc.train",
         description="Train a face-recognition backbone with Partial FC on one or more ranks. "
                     "Launch several ranks with `horovodrun -np N -H host:slots bash config.sh [ARGS]` "
                     "or `bash run.sh [ARGS]`.",
-        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=_HelpFormatter)
     default_run = make_config({}).to_dict()
     PRESET_DEFAULTS = {f.name: default_run[f.name] for f in fields(Config)
                        if default_run[f.name] != f.default and f.name != "output"}
