@@ -297,7 +297,6 @@ def set_verdict(report: Report, args: argparse.Namespace, gpus: list, context) -
     from mxnet_pfc.data import folders
     from mxnet_pfc.head.memory_model import head_memory
     from mxnet_pfc.training import config as config_lib
-    from mxnet_pfc.training import run_plan
 
     on_gpu = context is not None and context.device_type == "gpu"
     world = args.np or (len(gpus) if on_gpu else 2)
@@ -306,7 +305,7 @@ def set_verdict(report: Report, args: argparse.Namespace, gpus: list, context) -
     try:
         cfg = config_lib.make_config(given)
         index = folders.scan(args.images) if args.images else None
-        cfg = run_plan.resolve_config(cfg, world, index)
+        cfg = config_lib.resolve_config(cfg, world, index)
     except Exception as error:               # the trainer would stop on the same: the finding
         report.add("set", f"{what}: {error}")
         report.blockers.append(f"the set cannot be used: {error}")

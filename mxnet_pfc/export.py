@@ -13,7 +13,7 @@ where the training writes its model, and any other checkpoint beside its own
 folder, under its name (CHECKPOINT-symbol.json + CHECKPOINT-0000.params): an
 earlier checkpoint never replaces the run's model. --onnx also writes
 PREFIX.onnx with a free batch dimension; --check then checks it as evaluation
-servers check a submitted model (see mxnet_pfc/models/onnx_check.py), prints one line
+servers check a submitted model (see mxnet_pfc/models/onnx_rules.py), prints one line
 per check, writes PREFIX-onnx-check.json and exits 1 if a check fails.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ import sys
 
 import numpy as np
 
-from mxnet_pfc.models.export import ONNX_OPSETS, export_model, export_onnx
+from mxnet_pfc.models.formats import ONNX_OPSETS, export_model, export_onnx
 from mxnet_pfc.models.inference import ModelError, load_model
-from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
+from mxnet_pfc.models.onnx_rules import add_check_options, check_onnx, report
 from mxnet_pfc.runtime import checkpoints
 from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix

@@ -17,7 +17,7 @@ import os
 import sys
 
 from mxnet_pfc.eval import ijb_metrics, plots
-from mxnet_pfc.eval.ijb import IJBSet
+from mxnet_pfc.eval.ijb_set import IJBSet
 from mxnet_pfc.models.inference import load_model, positive_int
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import exit_status

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mxnet_pfc.models.onnx_check import add_check_options, check_onnx, report
+from mxnet_pfc.models.onnx_rules import add_check_options, check_onnx, report
 from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.run_folder import ModelFiles
 

@@ -201,10 +201,10 @@ def test_a_chain_of_resumes_keeps_the_first_runs_length():
     """--max_update 48 on 1 rank (batch 8), resumed on 2 ranks (24 steps of 16), resumed again on 2:
     still 24 steps. (The second resume read --max_update again and trained to step 48: twice as long.)"""
     from mxnet_pfc.training import config as config_lib
-    from mxnet_pfc.training.run_plan import run_length
+    from mxnet_pfc.training.run_length import planned_max_update
     cfg = config_lib.parse_args(["--max_update", "48", "--output", "/tmp/unused"])
     first = SimpleNamespace(max_update=48, global_batch=8, config={"max_update": 48})     # what it reads of a State
-    assert run_length(cfg, 20, 16, first)[0] == 24
+    assert planned_max_update(cfg, 20, 16, first)[0] == 24
     second = SimpleNamespace(max_update=24, global_batch=16, config={"max_update": 48})
-    assert run_length(cfg, 20, 16, second)[0] == 24
-    assert run_length(cfg, 20, 8, second)[0] == 48
+    assert planned_max_update(cfg, 20, 16, second)[0] == 24
+    assert planned_max_update(cfg, 20, 8, second)[0] == 48

@@ -14,7 +14,7 @@ from launch import REPO, rank_env
 from mxnet_pfc import ijb
 from mxnet_pfc.data.synthetic_ijb import write_ijb
 from mxnet_pfc.eval import align, ijb_metrics
-from mxnet_pfc.eval import ijb as ijb_report
+from mxnet_pfc.eval import ijb_set as ijb_report
 from mxnet_pfc.eval.verification import tar_at_far
 
 

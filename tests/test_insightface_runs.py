@@ -17,7 +17,7 @@ from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime.errors import CheckpointError, ConfigError
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import starting_point
-from mxnet_pfc.training.run_plan import resolve_config
+from mxnet_pfc.training.config import resolve_config
 
 SMALL = dict(net_input=0)      # their 7x7 stride-2 stem, a config field of both projects: ~4x cheaper on CPU
 CHEAP = ("--batch_size", 4, "--lr_base_batch", 8, "--warmup_epochs", 0)     # their resnet-18 on 2 CPU ranks

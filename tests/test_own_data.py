@@ -20,7 +20,7 @@ from mxnet_pfc.data.pack import pack
 from mxnet_pfc.data.records import MAX_CLASSES, DataError, RecordWriter, read_property
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import config as config_lib
-from mxnet_pfc.training.run_plan import resolve_config
+from mxnet_pfc.training.config import resolve_config
 from test_damaged_images import damaged
 
 IDENTITIES, PER_IDENTITY = 60, 6

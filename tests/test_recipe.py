@@ -9,7 +9,7 @@ import pytest
 
 from launch import REPO, config_sh, rank_env, run_command
 from mxnet_pfc.training import config as config_lib
-from mxnet_pfc.training import run_plan
+from mxnet_pfc.training import run_length
 
 # make_config({}) at commit 1769cfc, before recipes: `make run` must train exactly this.
 SYNTHETIC_DEFAULT = {
@@ -123,15 +123,15 @@ def test_the_recipe_line_of_a_resumed_run_compares_it_with_the_checkpoint():
 
 
 def test_the_cpu_cost_estimate():
-    line = run_plan.cost_line(3.1, 40452, 20 * 40452, 0)
+    line = run_length.cost_line(3.1, 40452, 20 * 40452, 0)
     assert line.startswith("on CPU: 3.1 s/step; an epoch is 40,452 steps (35 h), the run 20 epochs (29 days "
                            "from here); a GPU machine is the way (README)")
-    assert "(45 s), the run 0.5 epochs (9 s from here)" in run_plan.cost_line(0.5, 90, 45, 27)
-    assert run_plan.readable_duration(7199) == "120 min" and run_plan.readable_duration(7200) == "2 h"
+    assert "(45 s), the run 0.5 epochs (9 s from here)" in run_length.cost_line(0.5, 90, 45, 27)
+    assert run_length.readable_duration(7199) == "120 min" and run_length.readable_duration(7200) == "2 h"
     own = config_lib.parse_args(["--rec", "data/mine/train.rec"])
-    assert run_plan.wants_cost_estimate(own, "cpu(0)") and not run_plan.wants_cost_estimate(own, "gpu(0)")
-    assert not run_plan.wants_cost_estimate(config_lib.parse_args([]), "cpu(0)")          # the toy run: for CPUs
-    assert not run_plan.wants_cost_estimate(config_lib.parse_args(["--dataset", "speed-1m"]), "cpu(0)")
+    assert run_length.wants_cost_estimate(own, "cpu(0)") and not run_length.wants_cost_estimate(own, "gpu(0)")
+    assert not run_length.wants_cost_estimate(config_lib.parse_args([]), "cpu(0)")          # the toy run: for CPUs
+    assert not run_length.wants_cost_estimate(config_lib.parse_args(["--dataset", "speed-1m"]), "cpu(0)")
 
 
 def test_a_real_recipe_on_cpu_says_its_cost_before_it_goes_on(set_b, tmp_path):

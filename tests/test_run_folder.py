@@ -1,10 +1,10 @@
 """The paths under a run's output folder, pinned, and the records the trainer and supervisor exchange.
 
 mxnet_pfc.runtime.run_folder: old runs, the elastic supervisor and the tests depend on every name and place,
-so they are pinned here; and the records the trainer and the supervisor exchange there (run_records)."""
+so they are pinned here; and the records the trainer and the supervisor exchange there (supervisor_messages)."""
 import os
 
-from mxnet_pfc.runtime import run_records
+from mxnet_pfc.runtime import supervisor_messages
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
 
 
@@ -46,18 +46,19 @@ def test_the_records_the_trainer_leaves_for_its_supervisor(tmp_path, monkeypatch
     finished record carries the launch id; stopping at a checkpoint consumes the request."""
     run = RunFolder(str(tmp_path))
     os.makedirs(run.elastic)
-    monkeypatch.delenv(run_records.LAUNCH_ENV, raising=False)
-    run_records.record_busy(run, "in use")
+    monkeypatch.delenv(supervisor_messages.LAUNCH_ENV, raising=False)
+    supervisor_messages.record_busy(run, "in use")
     assert not os.path.exists(run.busy_record)
-    monkeypatch.setenv(run_records.LAUNCH_ENV, "L1")
-    run_records.record_busy(run, "in use")
-    assert run_records.read(run.busy_record) == {"refused": "in use", "launch": "L1"}
-    run_records.request_stop(run, 4)
-    assert run_records.stop_requested(run)
-    run_records.record_stopped(run, 16, 2)
-    assert not run_records.stop_requested(run) and run_records.read(run.stopped_record) == {"step": 16, "world_size": 2}
+    monkeypatch.setenv(supervisor_messages.LAUNCH_ENV, "L1")
+    supervisor_messages.record_busy(run, "in use")
+    assert supervisor_messages.read(run.busy_record) == {"refused": "in use", "launch": "L1"}
+    supervisor_messages.request_stop(run, 4)
+    assert supervisor_messages.stop_requested(run)
+    supervisor_messages.record_stopped(run, 16, 2)
+    assert not supervisor_messages.stop_requested(run)
+    assert supervisor_messages.read(run.stopped_record) == {"step": 16, "world_size": 2}
     os.makedirs(run.logs)
-    run_records.record_finished(run, steps=30)
-    assert run_records.read(run.finished_record) == {"steps": 30, "launch": "L1"}
-    run_records.clear_for_launch(run)
+    supervisor_messages.record_finished(run, steps=30)
+    assert supervisor_messages.read(run.finished_record) == {"steps": 30, "launch": "L1"}
+    supervisor_messages.clear_for_launch(run)
     assert not any(os.path.exists(p) for p in (run.stop_request, run.stopped_record, run.busy_record))

@@ -7,7 +7,7 @@ import time
 
 import mxnet as mx
 
-from mxnet_pfc.eval.ijb import IJBSet, headline
+from mxnet_pfc.eval.ijb_set import IJBSet, headline
 from mxnet_pfc.eval.verification import Verifier
 from mxnet_pfc.runtime.logs import ROOT_LOGGER
 

@@ -4,7 +4,7 @@ folder's lock, seeding, devices, the log, shared errors and file reading and wri
 of model graphs (symbol_file) and of MXNet's array files (mxnet_files), the paths under a run's output
 folder (run_folder), and what a run leaves there, readable without MXNet: its checkpoints' names,
 order and state.json (checkpoints), the failure records of its ranks (failure_records) and the
-records the trainer and the supervisor exchange (run_records). A rank's environment
+records the trainer and the supervisor exchange (supervisor_messages). A rank's environment
 (rank_environment) and its launcher (launch_rank, which config.sh execs), Slurm's facts (slurm), and
 the elastic supervisor that relaunches the trainer. Nothing here imports a higher floor
 (docs/DESIGN.md's table of floors).

@@ -4,7 +4,7 @@ A file a user was handed (a .bin set, an array file) can kill the rank that read
 library, the out-of-memory killer. Relaunched, the rank reads it again and dies again, which without a
 word looks like a lost rank. So a trainer's rank notes the file in OUTPUT/logs/reading-rankR.txt
 (RunFolder.reading_record) while it reads it; a note left behind by a rank that ended without a word of
-its own is read by run_records.died_reading. Outside a trainer's rank (the verify command) nothing is
+its own is read by supervisor_messages.died_reading. Outside a trainer's rank (the verify command) nothing is
 noted. Ground floor: imports nothing of the project, so that the loaders (errors.py) may use it.
 """
 from __future__ import annotations

@@ -131,15 +131,15 @@ class RunFolder:
 
     def reading_record(self, rank: "int | str") -> str:
         """The file a rank is reading whole (a .bin set, an array file), there only while it reads: left
-        behind by a rank that died reading it (run_records.reading)."""
+        behind by a rank that died reading it (supervisor_messages.reading)."""
         return self._path("logs", f"reading-rank{rank}.txt")
 
     @property
     def finished_record(self) -> str:
-        """The run's own word that it ended normally (runtime/run_records.py)."""
+        """The run's own word that it ended normally (runtime/supervisor_messages.py)."""
         return self._path("logs", "finished.json")
 
-    # -- the elastic supervisor's (runtime/supervisor.py; the protocol with the trainer: run_records.py)
+    # -- the elastic supervisor's (runtime/supervisor.py; the protocol with the trainer: supervisor_messages.py)
     @property
     def elastic(self) -> str:
         """OUTPUT/elastic: the supervisor's folder (it holds the supervisor's run lock too)."""

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from functools import cached_property
 
-from mxnet_pfc.runtime import checkpoints, failure_records, run_records, slurm
+from mxnet_pfc.runtime import checkpoints, failure_records, slurm, supervisor_messages
 from mxnet_pfc.runtime.errors import quoted
 from mxnet_pfc.runtime.run_folder import RunFolder
 
@@ -112,9 +112,9 @@ def launch_problem(pid: int, launch: str, output: str) -> "str | None":
     except OSError as error:
         return f"its environment cannot be read ({error.strerror})"
     env = dict(item.partition(b"=")[::2] for item in environ if item)
-    if env.get(run_records.LAUNCH_ENV.encode()) != launch.encode():
+    if env.get(supervisor_messages.LAUNCH_ENV.encode()) != launch.encode():
         return "it was not started with the launch id job.json records"
-    trains = env.get(run_records.OUTPUT_ENV.encode())
+    trains = env.get(supervisor_messages.OUTPUT_ENV.encode())
     if trains is None:
         return "its environment names no output folder (not launched for this one, or by an older version)"
     if trains != output.encode():
@@ -151,7 +151,8 @@ class Job:
         environment (launch_problem)."""
         # the job's output on this command's own (each rank also logs to OUTPUT/logs/rankR.log)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, run_records.LAUNCH_ENV: launch, run_records.OUTPUT_ENV: output})
+                                env={**os.environ, supervisor_messages.LAUNCH_ENV: launch,
+                                     supervisor_messages.OUTPUT_ENV: output})
         from mxnet_pfc.runtime.run_lock import process_stat
         stat = process_stat(proc.pid)
         return cls(proc.pid, stat[1] if stat else "", proc)
@@ -325,7 +326,7 @@ class JobEnd:
     @cached_property
     def stopped(self) -> bool:
         """The job stopped at a checkpoint to take more ranks."""
-        return run_records.read(self._supervisor.run_folder.stopped_record) is not None
+        return supervisor_messages.read(self._supervisor.run_folder.stopped_record) is not None
 
     @cached_property
     def finished(self) -> bool:
@@ -400,7 +401,7 @@ def died_reading(run: RunFolder, ranks: int) -> "tuple[int, str, str] | None":
     """(rank, file, how it died) for the lowest rank of the job that ended that died reading a file whole
     (reading.py's note), or None."""
     for rank in range(ranks):
-        file = run_records.died_reading(run, rank)
+        file = supervisor_messages.died_reading(run, rank)
         if file is not None:
             how = failure_records.crash_summary(run.crash_record(rank)) or "no crash record: killed (SIGKILL, " \
                                                                           "the out-of-memory killer) or its host lost"
@@ -495,7 +496,7 @@ class Supervisor:
 
     def launch(self, assigned, resume: bool) -> Job:
         """Start the job and record it (job.json) for a supervisor that may have to adopt it."""
-        run_records.clear_for_launch(self.run_folder)
+        supervisor_messages.clear_for_launch(self.run_folder)
         self.launch_id = uuid.uuid4().hex
         job = Job.launch(self.command(assigned, resume), self.launch_id, self.output)
         from mxnet_pfc.runtime.files import write_json
@@ -509,7 +510,7 @@ class Supervisor:
     def own_record(self, path: str) -> "dict | None":
         """The record at `path` if the job watched now wrote it (its launch id; any for a run started by hand,
         which cleared older records as it started): never an earlier run's."""
-        record = run_records.read(path)
+        record = supervisor_messages.read(path)
         return record if record is not None and record.get("launch") == self.launch_id else None
 
     def adopt(self) -> "tuple[Job | HeldOutput, int | None, tuple] | None":
@@ -522,11 +523,12 @@ class Supervisor:
         """
         from mxnet_pfc.runtime import run_lock
         holder = run_lock.live_holder(self.run_folder.root)
-        record = run_records.read(self.run_folder.job_record) or {}
+        record = supervisor_messages.read(self.run_folder.job_record) or {}
         ours = self.recorded_job_runs(record)
         if holder is None and not ours:
             return None
-        run_records.clear(self.run_folder.busy_record)        # a refusal recorded before this job is no word of it
+        # a refusal recorded before this job is no word of it
+        supervisor_messages.clear(self.run_folder.busy_record)
         self.earlier_run = None          # the live job is this folder's run now: --start_over has been done
         self.launch_id = record["launch"] if ours else None
         if ours:
@@ -566,8 +568,9 @@ class Supervisor:
         """Launch (or adopt) the job, watch it, and do what decide says when it ends; the exit status."""
         resume = option_value(self.trainer_args, "--resume") is not None
         adopted = self.adopt()
-        decision = decide_start(run_records.read(self.run_folder.finished_record), self.run_folder.finished_record,
-                                self.length, adopted is not None, self.start_over)
+        finished = self.run_folder.finished_record
+        decision = decide_start(supervisor_messages.read(finished), finished, self.length, adopted is not None,
+                                self.start_over)
         if isinstance(decision, Exit):
             self.event(0, (), decision.say)
             return decision.status
@@ -621,7 +624,7 @@ class Supervisor:
                 next_look = time.time() + self.args.discovery_interval
                 available = min(self.hosts_now().total, self.args.max_np)
                 if available > np_:
-                    run_records.request_stop(self.run_folder, available)
+                    supervisor_messages.request_stop(self.run_folder, available)
                     self.event(np_, assigned, f"{available} slots available: asked the job to stop at its "
                                               f"next checkpoint to relaunch on them")
                     asked = True

@@ -35,16 +35,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import logging
 import os
 import textwrap
 from dataclasses import dataclass, fields
 
 import symbols
 from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.data.iterators import count_classes, stated_classes
 from mxnet_pfc.head import margin
 from mxnet_pfc.runtime.errors import ConfigError, quoted
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import split_prefix
+
+log = logging.getLogger(__name__)
 
 # Every configuration field of a margin parameter (margin_s, margin_m1..m3, adaface_*, elastic_*, magface_*,
 # curricular_*, subcenter_k): its type, default and help are stated by head/margin.py's margin classes, the one
@@ -405,7 +409,7 @@ def make_config(overrides: "dict | None" = None) -> Config:
     values["val_targets"] = tuple(str(v) for v in values["val_targets"])
     if (values["rec"] or values["images"]) and "val_targets" not in overrides and \
             ("rec" in overrides or "images" in overrides):
-        values["val_targets"] = (AUTO_VAL,)       # your own set: the .bin files beside it (run_plan finds them)
+        values["val_targets"] = (AUTO_VAL,)       # your own set: the .bin files beside it (run_length finds them)
     if not values["output"]:
         network = values["network"]
         if symbols.is_symbol_file(network):        # zoo/ms1m-r100/model-symbol.json -> ms1m-r100-model
@@ -628,3 +632,64 @@ def _short_value(value) -> str:
     if isinstance(value, (tuple, list)):
         return ",".join(map(str, value)) or "''"
     return str(value) if value != "" else "''"
+
+
+# ---- the configuration completed from the data, on each rank before any collective (DESIGN 4.5) ----
+
+def resolve_config(cfg: Config, world: int, index=None) -> Config:
+    """The configuration completed from the data (num_classes, val_targets 'auto') and checked against
+    the world size. `index` is the data.folders.FolderIndex of --images."""
+    cfg = resolve_classes(resolve_network(cfg), index)
+    if cfg.val_targets == (AUTO_VAL,):
+        folder = cfg.images or os.path.dirname(cfg.rec) or "."
+        found = tuple(sorted(glob.glob(os.path.join(glob.escape(folder), "*.bin"))))
+        cfg = dataclasses.replace(cfg, val_targets=found)
+        log.info(f"verification sets found beside the set in {folder}: {', '.join(map(os.path.basename, found))}"
+                 if found else f"no verification sets (*.bin) beside the set in {folder}: none used")
+    if cfg.num_classes < world:
+        raise ConfigError(f"num_classes = {cfg.num_classes} is below the number of ranks ({world}): "
+                                     f"every rank must own at least one class; use at most {cfg.num_classes} ranks")
+    return cfg
+
+
+def resolve_network(cfg: Config) -> Config:
+    """A symbol file's embedding width: read from its graph (embedding_size 0), or a given one checked
+    against it; the file's problems (missing, not a graph, not an embedding) named."""
+    if not symbols.is_symbol_file(cfg.network):
+        return cfg
+    try:
+        width = symbols.embedding_width(symbols.load_symbol_file(cfg.network, cfg.network_output), cfg.network)
+    except ValueError as error:
+        raise ConfigError(f"network = {cfg.network!r}: {error}") from None
+    if cfg.embedding_size not in (0, width):
+        raise ConfigError(f"embedding_size = {cfg.embedding_size}: the graph of --network {cfg.network} "
+                                     f"gives {width}-d embeddings")
+    return dataclasses.replace(cfg, embedding_size=width)
+
+
+def resolve_classes(cfg: Config, index=None) -> Config:
+    """num_classes from the set when not given; a given one may not be below the count the set states.
+
+    Below it, the set's labels would fall outside the head's classes: refused.
+    Above it, the extra classes have no images (a larger head on a small set,
+    as the tests and speed runs use): said in the log, kept as given.
+    """
+    if index is not None:
+        stated, source = index.num_classes, f"{cfg.images} ({index.num_classes} identity folders with images)"
+    elif cfg.rec and cfg.synthetic_identities == 0:        # a generated set is made to match num_classes
+        stated, source = stated_classes(cfg.rec)
+    else:
+        return cfg
+    if cfg.num_classes == 0:
+        if stated is None:
+            count_classes(cfg.rec)        # raises: the set is missing, or states no count
+        log.info(f"num_classes = {stated}, read from the set {source}")
+        return dataclasses.replace(cfg, num_classes=stated)
+    if stated is not None and stated > cfg.num_classes:
+        raise ConfigError(f"num_classes = {cfg.num_classes} was given, but the set states {stated} "
+                                     f"identities ({source}): leave --num_classes out to use the set's count")
+    if stated is not None and stated < cfg.num_classes:
+        log.warning(f"num_classes = {cfg.num_classes} was given, but the set states {stated} identities ({source}): "
+                    f"the {cfg.num_classes - stated} classes above them have no images (leave --num_classes out to "
+                    f"use the set's count)")
+    return cfg

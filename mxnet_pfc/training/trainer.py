@@ -8,8 +8,8 @@ on every rank without collectives and agree that it worked (`prepare`); build
 the head and the module (their constructors run collectives); restore a
 checkpoint (resume.py); then `Trainer.run`: the steps, with progress logs
 (metrics.py), verification and checkpoints (checkpoint.py), and at the end
-the model for inference (models/export.py) and the final checkpoint. The run's
-length and learning rate are planned in run_plan.py and lr_schedule.py; how a
+the model for inference (models/formats.py) and the final checkpoint. The run's
+length and learning rate are planned in run_length.py and lr_schedule.py; how a
 failure on one rank reaches the others is in comm.py and stops.py.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import symbols
 from mxnet_pfc.data import folders, iterators, synthetic_set
 from mxnet_pfc.eval.during_training import TrainingEvaluation
 from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
-from mxnet_pfc.models.export import export_model
+from mxnet_pfc.models.formats import export_model
 from mxnet_pfc.models.inference import float32_params, inference_symbol
 from mxnet_pfc.runtime import (
     checkpoints,
@@ -36,21 +36,21 @@ from mxnet_pfc.runtime import (
     failure_records,
     logs,
     run_lock,
-    run_records,
     seeding,
     stops,
+    supervisor_messages,
     watchdog,
 )
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.run_folder import RunFolder
-from mxnet_pfc.training import checkpoint, distill, output_folder, run_plan
+from mxnet_pfc.training import checkpoint, distill, earlier_run, run_length
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
 from mxnet_pfc.training import starting_point as starting_point_lib
 from mxnet_pfc.training.lr_schedule import LRSchedule
 from mxnet_pfc.training.metrics import MetricsLog, Throughput, format_duration, progress_line
 from mxnet_pfc.training.module import PartialFCModule
-from mxnet_pfc.training.run_plan import RunPlan, global_batch, make_plan, resolve_config
+from mxnet_pfc.training.run_length import RunPlan, global_batch, make_plan
 
 log = logging.getLogger(logs.ROOT_LOGGER)
 
@@ -74,7 +74,7 @@ class Setup:
 def prepare(cfg: config_lib.Config, run: RunFolder, rank: int, world: int) -> Setup:
     """This rank's setup, without collectives, so that every rank can agree on its success first."""
     index = folders.load_index(cfg.images, cfg.output, write=rank == 0) if cfg.images else None
-    cfg = resolve_config(cfg, world, index)
+    cfg = config_lib.resolve_config(cfg, world, index)
     if cfg.rec and cfg.synthetic_identities > 0:
         synthetic_set.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
                          cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs, comm.local_rank())
@@ -129,12 +129,12 @@ def claim_output(cfg: config_lib.Config, run: RunFolder, rank: int):
                 try:
                     lock = run_lock.acquire(run.root)
                 except run_lock.OutputBusyError as error:
-                    run_records.record_busy(run, str(error))     # a refusal, not a lost rank, to a supervisor
+                    supervisor_messages.record_busy(run, str(error))     # a refusal, not a lost rank, to a supervisor
                     raise
-                note = output_folder.prepare(run, cfg.resume, cfg.start_over)
+                note = earlier_run.prepare(run, cfg.resume, cfg.start_over)
                 os.makedirs(run.logs, exist_ok=True)
                 failure_records.clear(run)
-                run_records.clear(run.finished_record)        # an earlier run's word
+                supervisor_messages.clear(run.finished_record)        # an earlier run's word
     except BaseException:
         if lock is not None:
             lock.release()
@@ -147,15 +147,15 @@ def train(cfg: config_lib.Config) -> dict:
     comm.init()
     rank, world = comm.rank(), comm.size()
     run = RunFolder(cfg.output)
-    lock, earlier_run = claim_output(cfg, run, rank)
+    lock, earlier_note = claim_output(cfg, run, rank)
     try:
         log_path = logs.setup(run, rank)
         stops.start(run)
         watchdog.start(run, cfg.stall_timeout)
         if rank == 0 and lock.took_over:
             log.info(f"took over the output folder from a run that is gone ({lock.took_over})")
-        if earlier_run:
-            log.info(earlier_run)
+        if earlier_note:
+            log.info(earlier_note)
         with comm.fail_together("setup"), watchdog.working("setup"):
             setup = prepare(cfg, run, rank, world)
         cfg, plan, resume = setup.cfg, setup.plan, setup.resume
@@ -260,10 +260,10 @@ class Trainer:
                 watchdog.progress()
                 progress.update(1)
                 done = step + 1
-                if timed_from and done == timed_from[0] + run_plan.COST_STEPS:   # a real recipe on CPU: its cost
-                    per_step = (time.time() - timed_from[1]) / run_plan.COST_STEPS
-                    log.info(run_plan.cost_line(per_step, plan.steps_per_epoch, plan.max_update, done))
-                if done == start_step + 1 and self.rank == 0 and run_plan.wants_cost_estimate(cfg, plan.context):
+                if timed_from and done == timed_from[0] + run_length.COST_STEPS:   # a real recipe on CPU: its cost
+                    per_step = (time.time() - timed_from[1]) / run_length.COST_STEPS
+                    log.info(run_length.cost_line(per_step, plan.steps_per_epoch, plan.max_update, done))
+                if done == start_step + 1 and self.rank == 0 and run_length.wants_cost_estimate(cfg, plan.context):
                     timed_from = (done, time.time())
                 if done % cfg.frequent == 0 or done == plan.max_update:
                     self.log_progress(done, batch.epoch, loss, lr, window.close_window(plan.max_update - done))
@@ -291,13 +291,13 @@ class Trainer:
     def stop_requested(self) -> bool:
         """Whether the elastic supervisor asked this run to stop at this checkpoint (rank 0 looks, every
         rank follows: a collective)."""
-        asked = self.rank == 0 and run_records.stop_requested(self.run_folder)
+        asked = self.rank == 0 and supervisor_messages.stop_requested(self.run_folder)
         return comm.gather_rows([float(asked)])[0][0] > 0
 
     def stop_at_checkpoint(self, step: int, saved: str) -> dict:
         """End the run after the checkpoint `saved` of `step`, saying so to the supervisor (which relaunches)."""
         if self.rank == 0:
-            run_records.record_stopped(self.run_folder, step, self.world)
+            supervisor_messages.record_stopped(self.run_folder, step, self.world)
             log.info(f"stopped at checkpoint {saved} ({self.samples_seen(step):,} samples seen, step {step} on "
                      f"{self.world} rank(s)) on the elastic supervisor's request (it relaunches on more ranks "
                      f"with --resume latest)")
@@ -404,7 +404,7 @@ class Trainer:
         mx.nd.waitall()
         comm.barrier()      # nobody leaves (shutting Horovod down) while rank 0 writes
         if self.rank == 0:      # the run's own word that it ended normally, for a supervisor (runtime/supervisor.py)
-            run_records.record_finished(self.run_folder, steps=self.plan.max_update,
+            supervisor_messages.record_finished(self.run_folder, steps=self.plan.max_update,
                                         samples_seen=self.samples_seen(self.plan.max_update), world_size=self.world,
                                         checkpoint=last, length=[self.cfg.max_update, self.cfg.num_epoch])
         return summary

@@ -1,4 +1,4 @@
-"""What a run will do, fixed at start-up: the configuration completed from the data, the run's length.
+"""What a run will do, fixed at start-up: its global batch, its length in steps, and what it will cost.
 
 The plan is decided on each rank from the configuration, the data and the
 world size alone (no collectives), so that a failure here is agreed on with
@@ -8,15 +8,10 @@ See docs/DESIGN.md section 4.5.
 """
 from __future__ import annotations
 
-import dataclasses
-import glob
 import logging
 import math
-import os
 from dataclasses import dataclass
 
-import symbols
-from mxnet_pfc.data.iterators import count_classes, stated_classes
 from mxnet_pfc.runtime.checkpoints import State
 from mxnet_pfc.training import config as config_lib
 
@@ -47,66 +42,7 @@ def global_batch(cfg: config_lib.Config, world: int) -> int:
     return cfg.batch_size * world * cfg.grad_accum
 
 
-def resolve_config(cfg: config_lib.Config, world: int, index=None) -> config_lib.Config:
-    """The configuration completed from the data (num_classes, val_targets 'auto') and checked against
-    the world size. `index` is the data.folders.FolderIndex of --images."""
-    cfg = resolve_classes(resolve_network(cfg), index)
-    if cfg.val_targets == (config_lib.AUTO_VAL,):
-        folder = cfg.images or os.path.dirname(cfg.rec) or "."
-        found = tuple(sorted(glob.glob(os.path.join(glob.escape(folder), "*.bin"))))
-        cfg = dataclasses.replace(cfg, val_targets=found)
-        log.info(f"verification sets found beside the set in {folder}: {', '.join(map(os.path.basename, found))}"
-                 if found else f"no verification sets (*.bin) beside the set in {folder}: none used")
-    if cfg.num_classes < world:
-        raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} is below the number of ranks ({world}): "
-                                     f"every rank must own at least one class; use at most {cfg.num_classes} ranks")
-    return cfg
-
-
-def resolve_network(cfg: config_lib.Config) -> config_lib.Config:
-    """A symbol file's embedding width: read from its graph (embedding_size 0), or a given one checked
-    against it; the file's problems (missing, not a graph, not an embedding) named."""
-    if not symbols.is_symbol_file(cfg.network):
-        return cfg
-    try:
-        width = symbols.embedding_width(symbols.load_symbol_file(cfg.network, cfg.network_output), cfg.network)
-    except ValueError as error:
-        raise config_lib.ConfigError(f"network = {cfg.network!r}: {error}") from None
-    if cfg.embedding_size not in (0, width):
-        raise config_lib.ConfigError(f"embedding_size = {cfg.embedding_size}: the graph of --network {cfg.network} "
-                                     f"gives {width}-d embeddings")
-    return dataclasses.replace(cfg, embedding_size=width)
-
-
-def resolve_classes(cfg: config_lib.Config, index=None) -> config_lib.Config:
-    """num_classes from the set when not given; a given one may not be below the count the set states.
-
-    Below it, the set's labels would fall outside the head's classes: refused.
-    Above it, the extra classes have no images (a larger head on a small set,
-    as the tests and speed runs use): said in the log, kept as given.
-    """
-    if index is not None:
-        stated, source = index.num_classes, f"{cfg.images} ({index.num_classes} identity folders with images)"
-    elif cfg.rec and cfg.synthetic_identities == 0:        # a generated set is made to match num_classes
-        stated, source = stated_classes(cfg.rec)
-    else:
-        return cfg
-    if cfg.num_classes == 0:
-        if stated is None:
-            count_classes(cfg.rec)        # raises: the set is missing, or states no count
-        log.info(f"num_classes = {stated}, read from the set {source}")
-        return dataclasses.replace(cfg, num_classes=stated)
-    if stated is not None and stated > cfg.num_classes:
-        raise config_lib.ConfigError(f"num_classes = {cfg.num_classes} was given, but the set states {stated} "
-                                     f"identities ({source}): leave --num_classes out to use the set's count")
-    if stated is not None and stated < cfg.num_classes:
-        log.warning(f"num_classes = {cfg.num_classes} was given, but the set states {stated} identities ({source}): "
-                    f"the {cfg.num_classes - stated} classes above them have no images (leave --num_classes out to "
-                    f"use the set's count)")
-    return cfg
-
-
-def run_length(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
+def planned_max_update(cfg: config_lib.Config, steps_per_epoch: int, global_batch: int,
                saved: "State | None") -> "tuple[int, str]":
     """(max_update, note): the step the run ends at.
 
@@ -136,7 +72,7 @@ def make_plan(cfg: config_lib.Config, world: int, num_images: int, steps_per_epo
               resume=None) -> RunPlan:
     """The plan of this run; refuses a resumed run that has nothing left to train."""
     samples = global_batch(cfg, world)
-    max_update, note = run_length(cfg, steps_per_epoch, samples, resume.state if resume else None)
+    max_update, note = planned_max_update(cfg, steps_per_epoch, samples, resume.state if resume else None)
     if resume is not None and resume.step >= max_update:
         raise config_lib.ConfigError(
             f"nothing to train: checkpoint {resume.path} is at step {resume.step} (global batch "
