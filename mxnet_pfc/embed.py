@@ -15,62 +15,19 @@ training found (PREFIX-verification.json next to the model).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
-from tqdm import tqdm
 
-from mxnet_pfc.data.faces import FACE_SIZE, ImageError, WrongSize, decode_face, read_file
-from mxnet_pfc.data.folders import IMAGE_SUFFIXES, list_identities
-from mxnet_pfc.eval.verification import embed_pairs
-from mxnet_pfc.models.inference import Embedder, load_model, positive_int
+from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.data.folders import list_identities
+from mxnet_pfc.eval.embedding import EmbedError, default_threshold, embed_files, image_paths
+from mxnet_pfc.models.inference import Embedder, load_model
 from mxnet_pfc.runtime.device import add_context_option, choose_context
-from mxnet_pfc.runtime.errors import PfcError, exit_status
+from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.files import atomic_path
-from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder
-
-
-class EmbedError(PfcError, ValueError):
-    """An input of the embed command that cannot be used."""
-
-
-def read_face(path: str, size: int = FACE_SIZE, resize: bool = False) -> np.ndarray:
-    """RGB float32 (3, size, size), 0..255, decoded by data.faces (strict); other sizes refused unless resize."""
-    try:
-        face = decode_face(read_file(path), path, size, resize)
-    except WrongSize as error:
-        raise EmbedError(f"{error}, or pass --resize") from None
-    except ImageError as error:
-        raise EmbedError(str(error)) from None
-    return face.transpose(2, 0, 1).astype(np.float32)
-
-
-def image_paths(inputs: "list[str]") -> "list[str]":
-    """Files as given; folders searched recursively for images, in sorted order."""
-    paths = []
-    for item in inputs:
-        if os.path.isdir(item):
-            found = sorted(os.path.join(root, name) for root, _, names in os.walk(item) for name in names
-                           if name.lower().endswith(IMAGE_SUFFIXES))
-            if not found:
-                raise EmbedError(f"{item}: no images ({', '.join(IMAGE_SUFFIXES)}) in this folder")
-            paths += found
-        else:
-            paths.append(item)
-    return paths
-
-
-def embed_files(embedder: Embedder, paths: "list[str]", resize: bool, chunk: int = 512) -> np.ndarray:
-    """L2-normalised embeddings (n, D) of image files, read a chunk at a time, with a progress bar."""
-    out = []
-    with tqdm(total=len(paths), desc="embed", unit="img", file=sys.stderr, disable=len(paths) < 2 * chunk) as bar:
-        for start in range(0, len(paths), chunk):
-            images = np.stack([read_face(p, resize=resize) for p in paths[start:start + chunk]])
-            embeddings, _ = embed_pairs(embedder, images, embedder.batch_size, bar.update)
-            out.append(embeddings.astype(np.float32))
-    return np.concatenate(out)
+from mxnet_pfc.runtime.options import cosine_threshold, positive_int
 
 
 def output_files(out: str, force: bool) -> "tuple[str, str]":
@@ -83,32 +40,6 @@ def output_files(out: str, force: bool) -> "tuple[str, str]":
             raise EmbedError(f"{path} exists (--out {out} writes {embeddings} and {listing}): pass --force to "
                              "replace both, or choose another --out")
     return embeddings, listing
-
-
-def cosine_threshold(text: str) -> float:
-    """argparse type of --threshold: a cosine similarity, a finite number in [-1, 1] (NaN would call every
-    pair different)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not -1.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a cosine similarity in [-1, 1], got {text!r}")
-    return value
-
-
-def default_threshold(model: str) -> float:
-    """Cosine threshold of the training's final verification, stored next to the model."""
-    prefix = RunFolder(model).model if os.path.isdir(model) else model.partition(",")[0]
-    path = ModelFiles(prefix).verification
-    try:
-        with open(path) as f:
-            results = json.load(f)
-        first = next(iter(results.values()))
-        return float(first["cosine_threshold"])
-    except (OSError, ValueError, StopIteration, KeyError):
-        raise EmbedError(f"no threshold: pass --threshold, or keep {path} (written by training) next to "
-                         "the model") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,10 +18,11 @@ import sys
 
 from mxnet_pfc.eval import ijb_metrics, plots
 from mxnet_pfc.eval.ijb_set import IJBSet
-from mxnet_pfc.models.inference import load_model, positive_int
+from mxnet_pfc.models.inference import load_model
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.runtime.options import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:

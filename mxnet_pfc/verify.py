@@ -10,10 +10,11 @@ import argparse
 import sys
 
 from mxnet_pfc.eval.verification import Verifier
-from mxnet_pfc.models.inference import load_model, positive_int
+from mxnet_pfc.models.inference import load_model
 from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import exit_status
 from mxnet_pfc.runtime.files import write_json
+from mxnet_pfc.runtime.options import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,8 @@ LAYERS = {
                   "test_run_inputs.py", "test_starting_points.py", "test_training.py", "test_user_path.py")),
     "runtime": ("The processes of a run (`mxnet_pfc/runtime/`): launching and stopping ranks, the watchdog, the "
                 "elastic supervisor, Slurm, the output folder's files, errors and MXNet's files.",
-                ("test_array_files.py", "test_elastic.py", "test_elastic_adopt.py", "test_elastic_trust.py",
+                ("test_array_files.py", "test_checkpoint_files.py", "test_elastic.py", "test_elastic_adopt.py",
+                 "test_elastic_trust.py",
                  "test_launch_signals.py", "test_messages.py", "test_run_folder.py", "test_slurm.py",
                  "test_slurm_bounds.py", "test_stops.py", "test_supervisor_decide.py", "test_two_hosts.py",
                  "test_watchdog.py")),

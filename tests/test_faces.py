@@ -14,7 +14,7 @@ import pytest
 from mxnet_pfc.data import check, faces, pack
 from mxnet_pfc.data.iterators import RecordIter
 from mxnet_pfc.data.records import DataError, RecordWriter
-from mxnet_pfc.embed import EmbedError, read_face
+from mxnet_pfc.eval.embedding import EmbedError, read_face
 from mxnet_pfc.eval.verification import BinFormatError, load_bin
 from mxnet_pfc.runtime.errors import PfcError
 from test_damaged_images import DAMAGE, damaged, encode

@@ -1,4 +1,5 @@
-"""Trained models outside training: loading one for inference (an exported prefix, or a
-checkpoint's backbone: the trainer's resume reads it here too), exporting it
-(MXNet, ONNX) and checking an ONNX export as insightface's MFR server does.
+"""Trained models outside training: inference (loading one: an exported prefix, or a checkpoint's
+backbone, which the trainer's resume reads here too), formats (writing one for MXNet and as ONNX),
+export_target (where an export goes, and which verification figures go with it) and onnx_rules (the
+checks an evaluation server makes of an ONNX export, as insightface's MFR server does).
 """

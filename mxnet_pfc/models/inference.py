@@ -9,7 +9,6 @@ A model is named by any of
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -26,17 +25,6 @@ from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
 
 class ModelError(PfcError, ValueError):
     """A model that cannot be found or loaded."""
-
-
-def positive_int(text: str) -> int:
-    """argparse type of the commands' batch sizes and counts: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
 
 
 def inference_symbol(network: str, embedding_size: int, output: str = "") -> mx.sym.Symbol:
