@@ -16,10 +16,12 @@ is the command.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import time
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -27,11 +29,12 @@ from tqdm import tqdm
 
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.records import DataError, RecordWriter
-from mxnet_pfc.runtime.files import atomic_path
+from mxnet_pfc.runtime.files import RecordFileError, atomic_path, read_record_bytes
 
 log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
+PLANTED = "planted.json"              # the ground truth of a planted set (Planted)
 OWNER = ".generated-by-mxnet-pfc"     # written first into a folder the generator makes or finds empty
 VERSION = 4           # of the image family: a set made by another version is made again
 RENDER_SIZE = 56      # shapes are drawn at half resolution, then resized (4x less work)
@@ -140,14 +143,105 @@ def _rendered(ids: "dict[str, np.ndarray]", rows: np.ndarray, rng: np.random.Gen
         yield from render(_select(ids, rows[start:start + chunk]), rng)
 
 
-def write_training_set(folder: str, identities: int, images_per_identity: int, seed: int) -> None:
+@dataclass(frozen=True)
+class Planted:
+    """What a synthetic set is made with on purpose, for the tests of data cleaning and of overlap between
+    sets; planted.json beside the set records every case, as the ground truth. Defaults: a clean set."""
+    label_noise: float = 0.0      # the share of training images labelled as another identity
+    split_identities: int = 0     # identities whose images are split over two labels (the second ones numbered
+                                  # after every identity's own)
+    shared: int = 0               # identities drawn as those of another synthetic set ...
+    shared_seed: int = 0          # ... the one made with this seed
+    shared_identities: int = 0    # and this many identities (its COMPLETE stamp states both: shared_from)
+
+    def stamp(self) -> str:
+        """What COMPLETE adds for a planted set ('' for a clean one: the stamps of clean sets are unchanged)."""
+        if self == Planted():
+            return ""
+        return (f" label_noise={self.label_noise!r} split_identities={self.split_identities} shared={self.shared} "
+                f"shared_seed={self.shared_seed} shared_identities={self.shared_identities}")
+
+    def check(self, identities: int, images_per_identity: int) -> None:
+        problems = []
+        if not 0.0 <= self.label_noise < 1.0:
+            problems.append(f"label noise {self.label_noise!r} is not a share in [0, 1)")
+        if not 0 <= self.split_identities <= identities:
+            problems.append(f"{self.split_identities} split identities of {identities}")
+        if self.split_identities and images_per_identity < 2:
+            problems.append("a split identity needs at least 2 images")
+        if not 0 <= self.shared <= min(identities, self.shared_identities):
+            problems.append(f"{self.shared} shared identities, but this set has {identities} and the other "
+                            f"{self.shared_identities}")
+        if problems:
+            raise DataError("synthetic set: " + "; ".join(problems))
+
+
+def shared_from(folder: str, count: int) -> Planted:
+    """Planted(shared=count) with the seed and identity count of the synthetic set in `folder` (its stamp)."""
+    try:
+        stamp = read_record_bytes(os.path.join(folder, COMPLETE), 4096).decode("ascii")
+        fields = dict(item.split("=", 1) for item in stamp.split())
+        return Planted(shared=count, shared_seed=int(fields["seed"]), shared_identities=int(fields["identities"]))
+    except (OSError, RecordFileError, UnicodeDecodeError, ValueError, KeyError):
+        raise DataError(f"{folder}: not a finished synthetic set (no readable {COMPLETE} stamp) to share "
+                        "identities with") from None
+
+
+def plant(identities: int, images_per_identity: int, seed: int, planted: Planted):
+    """(identity parameters, each image's identity, each image's label, planted.json's content).
+
+    The plan draws from its own stream, so the identities of a clean set are those of the same seed
+    planted. Every label keeps an image of its own identity (noise never takes a label's first image)."""
+    ids = draw_identities(np.random.default_rng(seed), identities)
+    draws = np.random.default_rng([seed, 0x5EED])
+    shared_pairs = []
+    if planted.shared:
+        other = draw_identities(np.random.default_rng(planted.shared_seed), planted.shared_identities)
+        here = np.sort(draws.choice(identities, planted.shared, replace=False))
+        there = draws.choice(planted.shared_identities, planted.shared, replace=False)
+        for name in ids:
+            ids[name][here] = other[name][there]
+        shared_pairs = [[int(a), int(b)] for a, b in zip(here, there)]
+    identity = np.repeat(np.arange(identities), images_per_identity)
+    label = identity.copy()
+    keep = set(range(0, len(identity), images_per_identity))          # each identity's first image
+    split = np.sort(draws.choice(identities, planted.split_identities, replace=False))
+    for j, who in enumerate(split):
+        own = np.flatnonzero(identity == who)
+        label[own[len(own) // 2:]] = identities + j
+        keep.add(int(own[len(own) // 2]))
+    owner = np.concatenate([np.arange(identities), split])             # label -> its identity
+    candidates = np.array(sorted(set(range(len(identity))) - keep), dtype=np.int64)
+    noisy = np.sort(draws.choice(candidates, min(len(candidates), round(planted.label_noise * len(identity))),
+                                 replace=False))
+    for i in noisy:
+        wrong = np.flatnonzero(owner != identity[i])
+        label[i] = draws.choice(wrong)
+    truth = {"noise": [], "split": [{"identity": int(who), "labels": [int(who), identities + j]}
+                                    for j, who in enumerate(split)],
+             "shared": {"seed": planted.shared_seed, "identities": planted.shared_identities, "pairs": shared_pairs}}
+    return ids, identity, label, noisy, truth
+
+
+def write_training_set(folder: str, identities: int, images_per_identity: int, seed: int,
+                       planted: Planted = Planted()) -> None:
+    """train.rec, .idx and property; for a planted set planted.json too: each mislabelled image by its
+    record key (its identity and the label it carries), each split identity's two labels, each shared
+    identity as (label here, label in the other set)."""
+    planted.check(identities, images_per_identity)
+    ids, identity, label, noisy, truth = plant(identities, images_per_identity, seed, planted)
     rng = np.random.default_rng(seed)
-    ids = draw_identities(rng, identities)
-    labels = np.repeat(np.arange(identities), images_per_identity)
-    writer = RecordWriter(folder, len(labels), identities)
-    for label, image in zip(labels, _rendered(ids, labels, rng, "train.rec")):
-        writer.add(int(label), encode(image))
-    writer.close((FACE_SIZE, FACE_SIZE))
+    draw_identities(rng, identities)           # the image stream follows the identities' draws, as it always has
+    order = np.argsort(label, kind="stable")   # the writer takes images label by label
+    num_labels = identities + planted.split_identities
+    writer = RecordWriter(folder, len(label), num_labels)
+    noisy_set = set(noisy.tolist())
+    for key, (position, image) in enumerate(zip(order, _rendered(ids, identity[order], rng, "train.rec")), 1):
+        writer.add(int(label[position]), encode(image))
+        if position in noisy_set:
+            truth["noise"].append({"key": key, "identity": int(identity[position]), "label": int(label[position])})
+    extra = {PLANTED: json.dumps(truth).encode()} if planted != Planted() else None
+    writer.close((FACE_SIZE, FACE_SIZE), extra)
 
 
 def write_verification_set(path: str, identities: int, pairs: int, seed: int) -> None:
@@ -170,7 +264,7 @@ def write_verification_set(path: str, identities: int, pairs: int, seed: int) ->
 
 
 def generate(folder: str, identities: int = 500, images_per_identity: int = 32, val_identities: int = 250,
-             val_pairs: int = 1000, seed: int = 0) -> None:
+             val_pairs: int = 1000, seed: int = 0, planted: Planted = Planted()) -> None:
     """The training set and the held-out verification set (different seeds: disjoint identities).
 
     COMPLETE is written last: a folder without it is unfinished. Only a folder
@@ -181,10 +275,12 @@ def generate(folder: str, identities: int = 500, images_per_identity: int = 32, 
     stale = os.path.join(folder, COMPLETE)
     if os.path.exists(stale):
         os.remove(stale)
-    write_training_set(folder, identities, images_per_identity, seed)
+    if os.path.exists(os.path.join(folder, PLANTED)):
+        os.remove(os.path.join(folder, PLANTED))
+    write_training_set(folder, identities, images_per_identity, seed, planted)
     write_verification_set(os.path.join(folder, "val.bin"), val_identities, val_pairs, seed + 1_000_003)
     with open(os.path.join(folder, COMPLETE), "w") as f:
-        f.write(_stamp(identities, images_per_identity, val_pairs, seed))
+        f.write(_stamp(identities, images_per_identity, val_pairs, seed, planted))
 
 
 def check_claimable(folder: str) -> None:
@@ -205,9 +301,9 @@ def claim_folder(folder: str) -> None:
         f.write("This folder holds a synthetic set written by mxnet_pfc.data.synthetic; it may be rewritten.\n")
 
 
-def _stamp(identities: int, images_per_identity: int, val_pairs: int, seed: int) -> str:
+def _stamp(identities: int, images_per_identity: int, val_pairs: int, seed: int, planted: Planted = Planted()) -> str:
     return (f"version={VERSION} identities={identities} images_per_identity={images_per_identity} "
-            f"val_pairs={val_pairs} seed={seed}\n")
+            f"val_pairs={val_pairs} seed={seed}{planted.stamp()}\n")
 
 
 def is_complete(folder: str, identities: int, images_per_identity: int, val_pairs: int = 1000, seed: int = 0) -> bool:
