@@ -77,7 +77,7 @@ class NonFiniteLossError(PfcError, FloatingPointError):
 
 
 def global_softmax(parts: np.ndarray, norms: np.ndarray, margin: Margin,
-                   mean_over: int) -> "tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None]":
+                   mean_over: float) -> "tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray | None]":
     """(lse, loss, target_coef, df_t, norm_grad), each (N,) but loss, from every rank's (lse_others, target_scos)
     rows, in float64, for every row of the global batch (the same on every rank).
 
@@ -154,6 +154,9 @@ class PartialFC:
         # Inter-class filtering (Partial FC v2, docs/DESIGN.md section 2.10): a negative whose cosine
         # exceeds T counts as cosine 0.
         self.filter_threshold = float(interclass_filtering_threshold)
+        # the gradients (the embeddings' and the centers') are those of loss_weight x the mean loss: a set's
+        # weight when several sets train one backbone (set_heads.py); the loss returned stays unweighted
+        self.loss_weight = 1.0
         self.ctx = ctx if ctx is not None else mx.cpu()
 
         self.rank, self.world_size = comm.rank(), comm.size()
@@ -282,7 +285,7 @@ class PartialFC:
         # the target entered as its margined logit (the "allreduce max, allreduce sum of exp"
         # of the method in one call).
         parts = comm.allgather(nd.stack(lse_others, target_scos).reshape((1, 2, N)), name="pfc.lse").asnumpy()
-        mean_over = N * micro_batches       # the samples of the mean loss being trained
+        mean_over = N * micro_batches / self.loss_weight    # the samples of the mean loss being trained, / its weight
         norms = 1.0 / inv_x.asnumpy().astype(np.float64).reshape(-1)   # |x| of every row (x_all: the same everywhere)
         lse, loss_value, target_coef, df_t, norm_grad = global_softmax(parts, norms, self.margin, mean_over)
         # The loss is the same on every rank, so every rank stops here together,
