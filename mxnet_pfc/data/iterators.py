@@ -266,6 +266,69 @@ class DummyIter:
         pass
 
 
+def rows_per_set(batch_size: int, sizes: "list[int]", shares: "list[float] | None" = None) -> "list[int]":
+    """Each set's rows of a rank's batch of `batch_size`: in proportion to `shares` (default: the sets' sizes),
+    rounded by largest remainder so that they sum to batch_size, at least 1 each."""
+    shares = [float(n) for n in (sizes if shares is None else shares)]
+    if len(shares) != len(sizes) or any(not np.isfinite(v) or v <= 0 for v in shares):
+        raise DataError(f"set shares {shares}: one positive number per set ({len(sizes)})")
+    if batch_size < len(sizes):
+        raise DataError(f"a batch of {batch_size} per rank cannot hold a row of each of {len(sizes)} sets")
+    exact = [batch_size * v / sum(shares) for v in shares]
+    rows = [max(1, int(x)) for x in exact]
+    while sum(rows) > batch_size:           # the floors of 1 took rows: from the set furthest above its share
+        rows[max((i for i in range(len(rows)) if rows[i] > 1), key=lambda i: rows[i] - exact[i])] -= 1
+    while sum(rows) < batch_size:           # largest remainder
+        rows[max(range(len(rows)), key=lambda i: exact[i] - rows[i])] += 1
+    return rows
+
+
+class SetsIter:
+    """Several sets' batches as one, for one head per set (head/set_heads.py): each micro-batch holds rows[s]
+    images of set s per rank, set after set, with set s's own class ids as labels.
+
+    Each set keeps its own order and epochs (a ShardedIter of batch size rows[s]); the run's epoch is the
+    longest of theirs in steps (steps_per_epoch), so that every image of every set is seen at least once
+    in an epoch, the sets shorter in steps starting their next epoch of their own within it. With rows in
+    proportion to the sets' sizes (the default) their epochs are about as long. seek(step) positions every
+    set at that step of its own order, so a resumed run reads what it would have read.
+    """
+    source = None       # the images are the sets': `sets`
+
+    def __init__(self, sets: "list[ShardedIter]", micro_batches: int = 1):
+        self.sets, self.micro_batches = list(sets), micro_batches
+        self.rows = [it.batch_size for it in self.sets]
+        self.steps_per_epoch = max(it.steps_per_epoch for it in self.sets)
+        self._step = 0
+
+    @property
+    def num_images(self) -> int:
+        return sum(it.num_images for it in self.sets)
+
+    def seek(self, step: int) -> None:
+        for it in self.sets:
+            it.seek(step)
+        self._step = int(step)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        batches = [next(it) for it in self.sets]
+        parts, labels = [], []
+        for k in range(self.micro_batches):           # micro-batch k: each set's k-th slice, in set order
+            for batch, rows in zip(batches, self.rows):
+                parts.append(batch.data[k * rows:(k + 1) * rows])
+                labels.append(batch.labels[k * rows:(k + 1) * rows])
+        epoch = self._step // self.steps_per_epoch
+        self._step += 1
+        return Batch(mx.nd.concat(*parts, dim=0), np.concatenate(labels), epoch)
+
+    def close(self) -> None:
+        for it in self.sets:
+            it.close()
+
+
 TrainingData = Union["RecordIter", "FolderIter", "DummyIter"]      # what open gives: one interface
 
 
