@@ -5,13 +5,11 @@ The objective is sum_s weight_s x L_s, L_s the mean Partial FC loss of set s's r
 centers and momentum after its SGD step are checked, at sample rates 1.0 and 0.1, with gradient
 accumulation, the second step starting from the first one's (checked) centers.
 """
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import reference
-from launch import run_ranks
+from launch import golden_ranks
 from reference import loss_and_grads, sgd_momentum
 
 D = 32
@@ -57,12 +55,9 @@ def golden_run(request, tmp_path_factory):
     world, ops = request.param
     tmp = tmp_path_factory.mktemp(f"sets{world}{ops}")
     inputs = make_inputs(world, tmp / "inputs.npz")
-    proc = run_ranks(world, ["tests/set_heads_worker.py", "golden", tmp / "inputs.npz", tmp], timeout=240,
-                     env={"MXNET_PFC_KERNELS": "1" if ops == "fused" else "0"})
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    ranks = [dict(np.load(Path(tmp) / f"rank{r}.npz")) for r in range(world)]
+    ranks = golden_ranks("tests/set_heads_worker.py", world, ops, tmp / "inputs.npz", tmp, SCENARIOS)
     assert all(str(res[f"{name}/{k}/ops"]) == ops for res in ranks for name in SCENARIOS
-               for k in range(len(SCENARIOS[name][0]))), "ran the wrong implementation"
+               for k in range(len(SCENARIOS[name][0]))), "a head ran the wrong implementation"
     return world, inputs, ranks
 
 
