@@ -121,3 +121,25 @@ def test_skipped_draws_leave_the_generator_where_drawing_them_does():
         drawn.random(count)
         skip_draws(skipped, count, chunk=64)
         assert np.array_equal(drawn.random(5), skipped.random(5))
+
+
+def test_a_label_is_read_from_the_records_first_bytes_as_unpacking_reads_it(tmp_path):
+    """read_label agrees with the whole record's header for scalar and array labels, and for a record too
+    short to hold a header it reads the record whole and names what is wrong."""
+    import mxnet as mx
+
+    from mxnet_pfc.data.records import DataError, open_records, unpack_image_record
+    writer = mx.recordio.MXIndexedRecordIO(str(tmp_path / "train.idx"), str(tmp_path / "train.rec"), "w")
+    labels = [3.0, [7.0, 99.0], 0.0, [2.0]]
+    for i, label in enumerate(labels):
+        writer.write_idx(i, mx.recordio.pack(mx.recordio.IRHeader(0, label, i, 0), b"\xff\xd8 not an image"))
+    writer.write_idx(4, b"tiny")                      # no header: a damaged record
+    writer.close()
+    reader, _ = open_records(str(tmp_path / "train.rec"))
+    for key in range(4):
+        whole = unpack_image_record(reader.read(key), key, reader.offset(key), str(tmp_path / "train.rec"))[1]
+        assert reader.read_label(key) == whole == (labels[key] if not isinstance(labels[key], list) else labels[key][0])
+    with pytest.raises(DataError, match="record 4 .* has a header that does not unpack"):
+        reader.read_label(4)
+    with pytest.raises(DataError, match="record 9 is not in"):
+        reader.read_label(9)
