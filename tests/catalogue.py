@@ -21,8 +21,8 @@ LAYERS = {
               "test_set_heads.py", "test_sharding_and_sampling.py", "test_subcenter.py")),
     "data": ("Data (`mxnet_pfc/data/`): RecordIO sets and image folders, decoding, the iterators, packing and "
              "the synthetic sets.",
-             ("test_cleaning.py", "test_damaged_images.py", "test_data.py", "test_data_safety.py", "test_faces.py",
-              "test_image_bounds.py", "test_own_data.py", "test_record_index.py", "test_sets_iter.py",
+             ("test_clean.py", "test_cleaning.py", "test_damaged_images.py", "test_data.py", "test_data_safety.py",
+              "test_faces.py", "test_image_bounds.py", "test_own_data.py", "test_record_index.py", "test_sets_iter.py",
               "test_synthetic_planted.py")),
     "training": ("The trainer (`mxnet_pfc/training/`): configuration and recipes, the module, checkpoints and "
                  "resumes, starting points, distillation, a run end to end through config.sh.",

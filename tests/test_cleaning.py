@@ -1,4 +1,4 @@
-"""Sub-center cleaning's rule for one class, against insightface's drop.py transcribed, and on planted noise."""
+"""Sub-center cleaning's rule for one class, against insightface's cleaning loop transcribed, and on planted noise."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
