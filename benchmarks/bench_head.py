@@ -8,7 +8,8 @@ Run under a launcher, one process per rank, e.g. on this machine's CPU:
 Every step is timed twice, side by side in the same processes: the head
 (forward_backward: allgather, sampling, logits, softmax, gradients, SGD of the
 centers) and then its three matrix products alone (logits, embedding gradient,
-center gradient) with the same shapes: the floor no head can beat. Reported:
+center gradient) with the same shapes (K rows per sampled class for
+sub-center ArcFace): the floor no head can beat. Reported:
 medians over the measured steps, their ratio, samples/s, and peak resident
 memory per rank.
 
@@ -26,7 +27,10 @@ mxnet_pfc.plan, for every rank on this host, against the memory the kernel can
 still give, with slack) is skipped and said so. Reported per loss: both heads'
 median step, the ratio loss / LOSS of the medians and the median of each
 step's own ratio (the two heads ran back to back, so a load that changes
-slowly, such as others' jobs on the machine, cancels out of it), and the
+slowly, such as others' jobs on the machine, cancels out of it), the loss
+head's own floor (its three products with its rows, K per class for
+sub-center ArcFace, timed after the two heads in every step) and the ratio
+to it, and the
 medians of the step's parts, timed inside both heads in every step (wrappers
 on the head's objects; its code is unchanged):
 
@@ -135,6 +139,11 @@ def time_matmuls(N, S, D, ctx, cache):
     return synced(products)      # all ranks multiply at once, as they do inside a step
 
 
+def sampled_rows(pfc: PartialFC) -> int:
+    """The bank rows the last step multiplied: K per sampled class (K = 1 but for sub-center ArcFace)."""
+    return pfc.sampled_index.shape[0] * pfc.bank.subcenters
+
+
 def versus_matmuls(args, rank, world):
     """The default mode: the head's step against its three matrix products alone."""
     ctx = mx.cpu()
@@ -155,7 +164,7 @@ def versus_matmuls(args, rank, world):
             peak_mb = peak_rss_mb()
             continue
         head.append(elapsed)
-        floor.append(time_matmuls(N, pfc.sampled_index.shape[0], D, ctx, cache))
+        floor.append(time_matmuls(N, sampled_rows(pfc), D, ctx, cache))
     mine = [float(np.median(head)), float(np.median(floor)), peak_mb, pfc.num_sample, pfc.bank.num_local]
     table = comm.gather_rows(mine)
     if rank != 0:
@@ -260,8 +269,9 @@ def time_loss(args, timers, base, loss, rank) -> "list[list[float]]":
     B, D = args.batch_size, args.embedding_size
     pfc = timers.instrument(make_head(args, loss))
     rng = np.random.default_rng(100 + rank)      # every loss sees the same batches
-    times = {"versus": [], "loss": []}
+    times = {"versus": [], "loss": [], "floor": []}
     parts = {"versus": [], "loss": []}
+    cache = {}
     steps = range(args.warmup + args.steps)
     for step in tqdm(steps, desc=loss, disable=rank != 0, file=sys.stdout):
         x = nd.array(rng.normal(size=(B, D)).astype(np.float32), ctx=mx.cpu())
@@ -272,11 +282,15 @@ def time_loss(args, timers, base, loss, rank) -> "list[list[float]]":
             if step >= args.warmup:
                 times[key].append(elapsed)
                 parts[key].append([step_parts[p] for p in PARTS] + [elapsed - sum(step_parts.values())])
+        if step >= args.warmup:     # the loss head's own floor: its three products, with its rows (K per class)
+            times["floor"].append(time_matmuls(B * comm.size(), sampled_rows(pfc), D, mx.cpu(), cache))
         if step == args.warmup - 1:
             peak_mb = peak_rss_mb()      # the process's high-water mark: both heads, warmed up
     paired = float(np.median(np.divide(times["loss"], times["versus"])))     # per step: the two ran back to back
+    cache.clear()
     return comm.gather_rows([float(np.median(times["versus"])), float(np.median(times["loss"])),
-                             *np.median(parts["versus"], axis=0), *np.median(parts["loss"], axis=0), paired, peak_mb])
+                             *np.median(parts["versus"], axis=0), *np.median(parts["loss"], axis=0), paired,
+                             float(np.median(times["floor"])), peak_mb])
 
 
 def versus_loss(args, rank, world):
@@ -299,7 +313,8 @@ def versus_loss(args, rank, world):
         if short is None:
             r = versus_result(args, world, base.ops.name, loss, table)
             print(f"[bench_head] {loss}: {r['loss_ms']} ms against {args.versus}'s {r['versus_ms']} ms, "
-                  f"ratio {r['ratio']} (per step {r['ratio_paired']})", flush=True)
+                  f"ratio {r['ratio']} (per step {r['ratio_paired']}); its products alone {r['floor_ms']} ms, "
+                  f"ratio {r['ratio_floor']}", flush=True)
         else:
             r = {**setting(args, world, base.ops.name), "loss": loss, "versus": args.versus, "skipped": short}
             print(f"[bench_head] {loss}: skipped, {short}", flush=True)
@@ -308,15 +323,16 @@ def versus_loss(args, rank, world):
             append_json(args.json, r)
     if rank != 0:
         return
-    print(f"{'loss':18s} {args.versus + ' ms':>14s} {'loss ms':>9s} {'ratio':>6s} {'per step':>8s}   "
-          f"loss - {args.versus}, ms: " + "".join(f"{part:>15s}" for part in REPORTED))
+    print(f"{'loss':18s} {args.versus + ' ms':>14s} {'loss ms':>9s} {'ratio':>6s} {'per step':>8s} "
+          f"{'floor ms':>9s} {'/ floor':>7s}   loss - {args.versus}, ms: "
+          + "".join(f"{part:>15s}" for part in REPORTED))
     for r in rows:
         if "skipped" in r:
             print(f"{r['loss']:18s} skipped: {r['skipped']}")
             continue
         deltas = "".join(f"{r['loss_parts_ms'][p] - r['versus_parts_ms'][p]:+15.1f}" for p in REPORTED)
         print(f"{r['loss']:18s} {r['versus_ms']:14.1f} {r['loss_ms']:9.1f} {r['ratio']:6.3f} "
-              f"{r['ratio_paired']:8.3f}{' ' * 24}{deltas}")
+              f"{r['ratio_paired']:8.3f} {r['floor_ms']:9.1f} {r['ratio_floor']:7.3f}{' ' * 24}{deltas}")
     peaks = [max(r["peak_rss_mb"]) for r in rows if "skipped" not in r]
     if peaks:
         print(f"[bench_head] medians of {args.steps} steps, the slower rank's; peak RSS per rank {max(peaks)} MB "
@@ -340,6 +356,7 @@ def versus_result(args, world, kernels, loss, table) -> dict:
         "versus_ms": round(versus_s * 1e3, 1), "loss_ms": round(loss_s * 1e3, 1),
         "ratio": round(loss_s / versus_s, 3),
         "ratio_paired": round(slowest[2 + 2 * k], 3),
+        "floor_ms": round(slowest[3 + 2 * k] * 1e3, 1), "ratio_floor": round(loss_s / slowest[3 + 2 * k], 3),
         "versus_parts_ms": {p: round(v * 1e3, 2) for p, v in zip(REPORTED, slowest[2:2 + k])},
         "loss_parts_ms": {p: round(v * 1e3, 2) for p, v in zip(REPORTED, slowest[2 + k:2 + 2 * k])},
         "peak_rss_mb": [round(row[-1]) for row in table],

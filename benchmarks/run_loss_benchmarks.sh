@@ -35,17 +35,19 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 base = rows[0]["versus"] if rows else "arcface"
 parts = next((list(r["loss_parts_ms"]) for r in rows if "loss_parts_ms" in r), [])
-print(f"\n| loss | classes | rate | {base} ms | loss ms | ratio | per step | "
+print(f"\n| loss | classes | rate | {base} ms | loss ms | ratio | per step | floor ms | / floor | "
       + " | ".join(f"{p.replace('_', ' ')}" for p in parts) + " |")
-print("|---" * (7 + len(parts)) + "|")
+print("|---" * (9 + len(parts)) + "|")
 order = list(dict.fromkeys(r["loss"] for r in rows))      # margin.LOSSES's order
 for r in sorted(rows, key=lambda r: (order.index(r["loss"]), r["num_classes"], -r["sample_rate"])):
     head = f"| {r['loss']} | {r['num_classes']:,} | {r['sample_rate']} |"
     if "skipped" in r:
-        print(f"{head} skipped: {r['skipped']} |" + " |" * (3 + len(parts)))
+        print(f"{head} skipped: {r['skipped']} |" + " |" * (5 + len(parts)))
         continue
     deltas = " | ".join(f"{r['loss_parts_ms'][p] - r['versus_parts_ms'][p]:+.1f}" for p in parts)
-    print(f"{head} {r['versus_ms']} | {r['loss_ms']} | {r['ratio']:.2f} | {r['ratio_paired']:.2f} | {deltas} |")
-print(f"\n(ratio: of the medians; per step: the median of each step's ratio; the parts: the loss's head's median "
+    print(f"{head} {r['versus_ms']} | {r['loss_ms']} | {r['ratio']:.2f} | {r['ratio_paired']:.2f} | "
+          f"{r['floor_ms']} | {r['ratio_floor']:.2f} | {deltas} |")
+print(f"\n(ratio: of the medians; per step: the median of each step's ratio; floor: the loss head's three matrix "
+      f"products alone, with its rows (K per class), timed in the same steps; the parts: the loss's head's median "
       f"less {base}'s, ms; benchmarks/bench_head.py says what each is)")
 PY

@@ -269,6 +269,80 @@ def test_a_nan_target_logit_stays_nan_in_both_paths(both):
         assert np.isfinite(target_scos[[0, 2]]).all() and target_scos[2] == 0, ops.name
 
 
+def subcenter_inputs(rng, N: int, S: int, K: int):
+    """(cos (N, S, K) float64, logits (N, S * K) = cos * |w|, inv_norm (S * K,), grad (N, S)), float32 but cos, with
+    a third of the classes' largest cosine held by two sub-centers (a tie, also between later ones). 1 / |w| is a
+    power of two, so that logits * inv_norm gives cos back exactly and the ties stay ties."""
+    cos = rng.uniform(-1, 1, size=(N, S, K)).astype(np.float32).astype(np.float64)
+    if K > 1:
+        for i, c in zip(*np.nonzero(rng.random((N, S)) < 1 / 3)):
+            first, second = np.sort(rng.choice(K, 2, replace=False))
+            cos[i, c, first] = cos[i, c, second] = cos[i, c].max()
+    inv_norm = 2.0 ** rng.integers(-2, 3, size=S * K)
+    logits = (cos.reshape(N, S * K) / inv_norm).astype(np.float32)
+    return cos, logits, inv_norm.astype(np.float32), rng.normal(size=(N, S)).astype(np.float32)
+
+
+@pytest.mark.parametrize("N, S, K", [(9, 700, 3), (4, 5, 2), (3, 300, 4), (5, 7, 1)])  # S > a routing block (256)
+def test_subcenter_pooling_and_routing_match_their_mxnet_twin_and_float64(both, N, S, K):
+    """pfc_subcenter_pool and pfc_subcenter_route against MXNetOps' and float64 (HeadOps' docstrings), with ties
+    in the max: the first of the tied sub-centers wins (numpy's argmax and torch.max's index), in both paths.
+    The fused routing writes the rows' gradient into logits; the pooling and the other inputs are only read."""
+    cos, logits, inv_norm, grad = subcenter_inputs(np.random.default_rng(S + K), N, S, K)
+    winner = cos.argmax(axis=2)
+    assert K == 1 or (np.sort(cos, axis=2)[:, :, -1] == np.sort(cos, axis=2)[:, :, -2]).any()   # ties present
+    expected_rows = np.zeros((N, S, K))
+    np.put_along_axis(expected_rows, winner[:, :, None], grad[:, :, None], axis=2)     # to the winner only
+    expected_rows = expected_rows.reshape(N, S * K) * inv_norm
+    expected_radial = inv_norm * (expected_rows * cos.reshape(N, S * K)).sum(axis=0)
+    for ops in both:
+        arr = dict(logits=nd.array(logits), inv_norm=nd.array(inv_norm), grad=nd.array(grad))
+        out = (nd.zeros((N, S)), nd.zeros((N, S), dtype="int32"))
+        pooled, arg = ops.subcenter_pool(arr["logits"], arr["inv_norm"], K, out)
+        assert pooled is out[0] and arg is out[1], ops.name         # written into out
+        np.testing.assert_array_equal(pooled.asnumpy(), cos.max(axis=2), err_msg=ops.name)
+        np.testing.assert_array_equal(arg.asnumpy(), winner, err_msg=ops.name)
+        np.testing.assert_array_equal(arr["logits"].asnumpy(), logits, err_msg=ops.name)    # the pooling only reads
+        grad_rows, radial = ops.subcenter_route(arr["logits"], arr["inv_norm"], arg, arr["grad"])
+        if ops.name == "fused":
+            assert grad_rows is arr["logits"]                       # in place
+        np.testing.assert_array_equal(grad_rows.asnumpy(), expected_rows, err_msg=ops.name)
+        np.testing.assert_allclose(radial.asnumpy(), expected_radial, rtol=1e-5, atol=1e-6, err_msg=ops.name)
+        for name in ("inv_norm", "grad"):
+            np.testing.assert_array_equal(arr[name].asnumpy(), locals()[name], err_msg=f"{ops.name} wrote {name}")
+        np.testing.assert_array_equal(arg.asnumpy(), winner, err_msg=f"{ops.name} wrote winner")
+
+
+def test_a_nan_sub_center_makes_its_class_nan_in_both_paths(both):
+    """A NaN row's cosine wins its class's max (the first NaN), so that the loss check sees it (2.9), wherever
+    it sits among the K; other classes are untouched."""
+    cos, logits, inv_norm, _ = subcenter_inputs(np.random.default_rng(7), 3, 4, 3)
+    for i, c, k in [(0, 0, 0), (1, 1, 2), (2, 2, 1), (2, 2, 2)]:
+        logits[i, c * 3 + k] = np.nan
+    for ops in both:
+        pooled, arg = ops.subcenter_pool(nd.array(logits), nd.array(inv_norm), 3,
+                                         (nd.zeros((3, 4)), nd.zeros((3, 4), dtype="int32")))
+        pooled, arg = pooled.asnumpy(), arg.asnumpy()
+        nan_cells = [(0, 0, 0), (1, 1, 2), (2, 2, 1)]
+        for i, c, k in nan_cells:
+            assert np.isnan(pooled[i, c]) and arg[i, c] == k, (ops.name, i, c, pooled[i, c], arg[i, c])
+        finite = np.ones((3, 4), dtype=bool)
+        finite[tuple(np.array(nan_cells)[:, :2].T)] = False
+        np.testing.assert_array_equal(pooled[finite], cos.max(axis=2)[finite], err_msg=ops.name)
+
+
+def test_a_winner_outside_its_class_is_refused_before_any_write(both):
+    fused, _ = both
+    _, logits, inv_norm, grad = subcenter_inputs(np.random.default_rng(8), 2, 3, 2)
+    for bad in (2, -1):
+        winner = np.zeros((2, 3), dtype=np.int32)
+        winner[1, 2] = bad
+        rows, inv, bad_winner = nd.array(logits), nd.array(inv_norm), nd.array(winner, dtype="int32")
+        with pytest.raises(mx.base.MXNetError, match=rf"pfc_subcenter_route: winner\[1, 2\] = {bad} is outside"):
+            fused.subcenter_route(rows, inv, bad_winner, nd.array(grad))[1].wait_to_read()
+        np.testing.assert_array_equal(rows.asnumpy(), logits)
+
+
 @pytest.mark.parametrize("margin", ["arcface", "cosface", "combined"])
 def test_the_host_margin_matches_the_reference_formula(margin):
     """CombinedMarginLoss.target_logit (float64, on the host after collective 2) against the test's own

@@ -256,9 +256,11 @@ class PartialFC:
         in_shard = (local >= 0) & (local < n)
         index, target = self.sampler.sample(np.where(in_shard, local, n))
         S = index.shape[0]
-        step_ids = nd.array(np.concatenate([index, np.where(in_shard, target, 0), in_shard]),
+        rows = bank.rows_of(index) if bank.subcenters > 1 else index[:0]    # K bank rows per sampled class
+        step_ids = nd.array(np.concatenate([index, np.where(in_shard, target, 0), in_shard, rows]),
                             ctx=self.ctx, dtype="int32")
-        index, target, mask = step_ids[:S], step_ids[S:S + N], step_ids[S + N:].astype("float32")
+        index, target, mask = step_ids[:S], step_ids[S:S + N], step_ids[S + N:S + 2 * N].astype("float32")
+        rows = step_ids[S + 2 * N:] if bank.subcenters > 1 else index
         self.sampled_index = index
 
         # Forward. cos * |w| against every sampled center, read block by block from the bank
@@ -266,9 +268,8 @@ class PartialFC:
         inv_x = self.ops.inv_norm(x_all).reshape((-1, 1))
         xh = nd.broadcast_mul(x_all, inv_x)
         if bank.subcenters > 1:
-            rows, scos, inv_w, pooled = self._pooled_logits(xh, index, N, S)
+            scos, inv_w, pooled = self._pooled_logits(xh, rows, N, S)
         else:
-            rows = index
             scos, inv_w = bank.logits(xh, index, out=self.workspace.get("logits", (N, S)))
         # Scaled in place. Per row: lse_others, the log-sum-exp of this rank's columns other
         # than the target (the target is never subtracted from a sum holding it: that loses
@@ -303,7 +304,7 @@ class PartialFC:
         # (b * inv_w scales the radial term of the normalisation: grad_w_j - coef_j * w_j);
         # with update=False the centers' gradient is held for the micro-batch that updates.
         if bank.subcenters > 1:     # each class's gradient to the sub-center that gave its cosine
-            gs, center_radial = self._subcenter_grad(gs, pooled, N, S)
+            gs, center_radial = self._subcenter_grad(gs, pooled)
         else:
             center_radial = b * inv_w
         grad_xh = comm.allreduce(bank.backward(rows, gs, xh, center_radial, update), op="sum",
@@ -316,37 +317,25 @@ class PartialFC:
             grad_x = grad_x + nd.broadcast_mul(xh_mine, nd.array(norm_grad[mine].reshape(-1, 1), ctx=self.ctx))
         return loss_value, grad_x.as_in_context(caller_ctx)
 
-    def _pooled_logits(self, xh, index, N: int, S: int):
-        """Sub-center ArcFace's forward: (rows, class cosines (N, S) as logits with 1 / |w| = 1, ones (S,),
-        pooled = (the sub-centers' cosines (N, S * K), for each k the (N, S) mask of the cells where sub-center
-        k gave the class cosine, the rows' 1 / |w| (S * K,))).
+    def _pooled_logits(self, xh, rows, N: int, S: int):
+        """Sub-center ArcFace's forward: (class cosines (N, S) as logits with 1 / |w| = 1, ones (S,),
+        pooled = (the rows' cos * |w| (N, S * K), their 1 / |w| (S * K,), each class's winning sub-center (N, S))).
 
-        The bank's rows of the sampled classes (K each, class-major) give cos * |w|; divided by |w|, the
-        largest of a class's K cosines is its cosine (the margin and the softmax see classes). The masks are
-        the gradient of that max as MXNet's `max` gives it (to every sub-center equal to the max). Taken as
-        K column slices and elementwise maxima: MXNet's reductions over a short last axis are 3-10x slower."""
+        The bank's rows of the sampled classes (`rows`, K each, class-major) give cos * |w|; divided by |w|, the
+        largest of a class's K cosines is its cosine (the margin and the softmax see classes), and the first of
+        tied ones its winner (ops.subcenter_pool, docs/DESIGN.md 2.12)."""
         K = self.bank.subcenters
-        rows = nd.array(self.bank.rows_of(index.asnumpy()), ctx=self.ctx, dtype="int32")
-        subcenter_cos, inv_rows = self.bank.logits(xh, rows, out=self.workspace.get("subcenter_logits", (N, S * K)))
-        subcenter_cos = nd.broadcast_mul(subcenter_cos, inv_rows.reshape((1, -1)), out=subcenter_cos)
-        per_class = subcenter_cos.reshape((N, S, K))
-        each = [nd.slice_axis(per_class, axis=2, begin=k, end=k + 1).reshape((N, S)) for k in range(K)]
-        cos = each[0]
-        for other in each[1:]:
-            cos = nd.maximum(cos, other)
-        masks = [other == cos for other in each]
-        return rows, cos, nd.ones((S,), ctx=self.ctx), (subcenter_cos, masks, inv_rows)
+        cos_rows, inv_rows = self.bank.logits(xh, rows, out=self.workspace.get("subcenter_logits", (N, S * K)))
+        cos, winner = self.ops.subcenter_pool(cos_rows, inv_rows, K, out=(
+            self.workspace.get("logits", (N, S)), self.workspace.get("winner", (N, S), dtype="int32")))
+        return cos, nd.ones((S,), ctx=self.ctx), (cos_rows, inv_rows, winner)
 
-    def _subcenter_grad(self, gs, pooled, N: int, S: int):
+    def _subcenter_grad(self, gs, pooled):
         """(the rows' gradient for cos * |w| (N, S * K), the rows' radial coefficients (S * K,)) from the classes'
-        gradient gs = d loss / d cos (N, S): each class's goes to the sub-center that gave its cosine."""
-        K = self.bank.subcenters
-        subcenter_cos, masks, inv_rows = pooled
-        picked = nd.stack(*[mask * gs for mask in masks], axis=2).reshape((N, S * K))
-        grad_rows = nd.broadcast_mul(picked, inv_rows.reshape((1, -1)), out=picked)
-        ones = nd.ones((N, 1), ctx=self.ctx)
-        b_rows = nd.dot(grad_rows * subcenter_cos, ones, transpose_a=True).reshape((-1,))   # a gemv: sum over rows
-        return grad_rows, b_rows * inv_rows
+        gradient gs = d loss / d cos (N, S): each class's goes to the sub-center that gave its cosine
+        (ops.subcenter_route; the rows' cos * |w| in `pooled` are consumed)."""
+        cos_rows, inv_rows, winner = pooled
+        return self.ops.subcenter_route(cos_rows, inv_rows, winner, gs)
 
     def _hard_negatives(self, logits, inv_w, target, mask) -> HardNegatives:
         """The margin's hard negatives (CurricularFace) for this step, from every row's target cosine: each rank

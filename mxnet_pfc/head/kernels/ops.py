@@ -35,8 +35,9 @@ class HeadOps(ABC):
 
     Arrays are float32 NDArrays on one context (index and target int32). Each
     method says what it writes in place and what it returns; an argument it
-    does not name is only read. `index` is sorted and unique (the sampler's); the fused kernels check it and
-    the targets before touching a row (a bad one: an MXNetError naming the op and the index).
+    does not name is only read. `index` is sorted and unique (the sampler's); the fused kernels check it,
+    the targets and the sub-center winners before touching a row (a bad one: an MXNetError naming the op and
+    the index).
     """
 
     name: str
@@ -76,6 +77,23 @@ class HeadOps(ABC):
         """Returns the embeddings' gradient grad . weight[index] (N, D), with the centers before the update, and
         does sgd_rows with the centers' gradient grad^T . xh (S, D): weight and mom rows `index` change in
         place. grad (N, S) is the output of softmax_grad."""
+
+    @abstractmethod
+    def subcenter_pool(self, logits, inv_norm, K, out):
+        """Sub-center ArcFace's pooling (docs/DESIGN.md 2.12). logits (N, S * K) = cos * |w| of K rows per class,
+        class-major, inv_norm (S * K,) their 1 / |w|. Writes into out = (cos (N, S) float32, winner (N, S) int32)
+        and returns them: cos[i, c] = max_k logits[i, c*K + k] * inv_norm[c*K + k], winner[i, c] the k that gave
+        it; a tie goes to the first of the tied rows (torch.max's index), a NaN to the first NaN (it wins over
+        every number, so that the loss check sees it)."""
+
+    @abstractmethod
+    def subcenter_route(self, logits, inv_norm, winner, grad):
+        """Sub-center ArcFace's routing (docs/DESIGN.md 2.12): returns (grad_rows (N, S * K), radial (S * K,)) from
+        the classes' gradient grad (N, S) = d loss / d cos (softmax_grad with inv_norm 1) and subcenter_pool's
+        inputs and winner. grad_rows[i, c*K + k] = grad[i, c] * inv_norm[c*K + k] where k = winner[i, c], else
+        0: the gradient for cos * |w| of the rows, as center_step takes it; radial[r] = inv_norm[r] * sum_i
+        grad_rows[i, r] * logits[i, r] * inv_norm[r], the rows' radial coefficients. `logits` is consumed (the
+        fused kernel writes grad_rows there), so use only the returned grad_rows."""
 
 
 def head_ops(ctx: mx.Context, fused: "bool | None" = None) -> HeadOps:
@@ -161,6 +179,15 @@ class FusedOps(HeadOps):
     def center_step(self, grad, xh, coef, index, weight, mom, lr, momentum, wd):
         return nd.pfc_center_step(grad, xh, coef, index, weight, mom, lr=lr, momentum=momentum, wd=wd)
 
+    def subcenter_pool(self, logits, inv_norm, K, out):
+        nd.pfc_subcenter_pool(logits, inv_norm, K=K, out=list(out))
+        return out
+
+    def subcenter_route(self, logits, inv_norm, winner, grad):
+        K = logits.shape[1] // grad.shape[1]
+        radial = nd.pfc_subcenter_route(logits, inv_norm, winner, grad, K=K)
+        return logits, radial
+
 
 class MXNetOps(HeadOps):
     """The same steps composed of MXNet operators (any context)."""
@@ -227,6 +254,36 @@ class MXNetOps(HeadOps):
 
     def sgd_rows(self, weight, mom, grad, coef, index, lr, momentum, wd):
         self._sgd(weight, mom, grad, coef, take_rows(weight, index), index, lr, momentum, wd)
+
+    @staticmethod
+    def _subcenter_cos(logits, inv_norm, K):
+        """The K (N, S) arrays of the rows' cosines, sub-center k's of every class in the k-th. As column slices:
+        MXNet's reductions and argmax over a last axis of K are 3-10x slower on CPU."""
+        per_class = nd.broadcast_mul(logits, inv_norm.reshape((1, -1))).reshape((logits.shape[0], -1, K))
+        return [nd.slice_axis(per_class, axis=2, begin=k, end=k + 1).reshape(per_class.shape[:2]) for k in range(K)]
+
+    def subcenter_pool(self, logits, inv_norm, K, out):
+        each = self._subcenter_cos(logits, inv_norm, K)
+        best, winner = each[0], nd.zeros_like(each[0])
+        for k, value in enumerate(each[1:], start=1):
+            # the kernel's rule: a larger value, or a NaN over a number; a tie keeps the earlier row
+            takes = (value > best) + (value != value) * (best == best)
+            best = nd.where(takes, value, best)
+            winner = nd.where(takes, nd.full(winner.shape, k, ctx=winner.context), winner)
+        cos, arg = out
+        best.copyto(cos)
+        winner.astype("int32").copyto(arg)
+        return out
+
+    def subcenter_route(self, logits, inv_norm, winner, grad):
+        K = logits.shape[1] // grad.shape[1]
+        winner = winner.astype("float32")
+        picked = nd.stack(*[(winner == k) * grad for k in range(K)], axis=2).reshape(logits.shape)
+        grad_rows = nd.broadcast_mul(picked, inv_norm.reshape((1, -1)), out=picked)
+        cos_rows = nd.broadcast_mul(logits, inv_norm.reshape((1, -1)))
+        ones = self._ones_col(logits.shape[0], logits.context)
+        radial = nd.dot(grad_rows * cos_rows, ones, transpose_a=True).reshape((-1,)) * inv_norm   # a gemv: over rows
+        return grad_rows, radial
 
     @staticmethod
     def _sgd(weight, mom, grad, coef, rows, index, lr, momentum, wd):

@@ -20,6 +20,11 @@
 //   pfc_center_step      the embeddings' gradient, the centers' gradient and
 //                        their SGD, block by block: the centers' gradient is
 //                        never written out, each center is read once
+//   pfc_subcenter_pool   sub-center ArcFace: each class's cosine, the largest
+//                        of its K rows' cos * |w| / |w|, and which row gave it
+//   pfc_subcenter_route  sub-center ArcFace: each class's gradient to the row
+//                        that gave its cosine (in place), and the rows' radial
+//                        coefficients
 //
 // The last two run the products through cblas_sgemm of the OpenBLAS that MXNet
 // ships (the one its `dot` uses) on blocks of kBlockRows centers that stay in
@@ -47,8 +52,9 @@
 // these only fuse it.
 //
 // Every index a kernel takes is checked before any row is read or written: the
-// centers' index (sorted, unique, within weight's rows) and the targets of the
-// rows with mask != 0 (within the S columns). A bad one makes the op fail with
+// centers' index (sorted, unique, within weight's rows), the targets of the
+// rows with mask != 0 (within the S columns) and the sub-center winners (within
+// the K rows of their class). A bad one makes the op fail with
 // an MXNet error naming the op and the index, and leaves every buffer as it was.
 //
 // Compiled without -ffast-math (build.py): its startup code would turn on
@@ -439,6 +445,108 @@ MXReturnValue center_step(const std::unordered_map<std::string, std::string>& at
   return MX_SUCCESS;
 }
 
+// ------------------------------------------------------------ sub-centers
+// Sub-center ArcFace (docs/DESIGN.md 2.12): K rows per class, class-major (class c:
+// columns c*K .. c*K + K - 1 of the rows' logits). Attribute K.
+
+int attr_k(const std::unordered_map<std::string, std::string>& attrs) {
+  auto it = attrs.find("K");
+  return it == attrs.end() ? 0 : std::stoi(it->second);
+}
+
+// The per-row loops below are branch-free (a select per cell, which GCC vectorises) and take K as
+// a template argument for the usual K (the k loop unrolled, the stride known); kAnyK: K at run time.
+constexpr int kAnyK = 0;
+
+// One row of pfc_subcenter_pool: cos[c], winner[c] from row[c*K .. c*K + K) * inv_norm; sub-center
+// k = 0 first, then each later one against the best so far (one simple loop over the classes each).
+template <int kK>
+void pool_row(const float* row, const float* inv_norm, int64_t S, int64_t runtime_k, float* cos, int32_t* winner) {
+  const int64_t K = kK == kAnyK ? runtime_k : kK;
+  for (int64_t c = 0; c < S; ++c) {
+    cos[c] = row[c * K] * inv_norm[c * K];
+    winner[c] = 0;
+  }
+  for (int32_t k = 1; k < K; ++k) {
+    for (int64_t c = 0; c < S; ++c) {
+      const float value = row[c * K + k] * inv_norm[c * K + k], best = cos[c];
+      // larger, or a NaN over a number; a tie keeps the earlier row (bitwise: no branch)
+      const bool takes = (value > best) | ((value != value) & (best == best));
+      cos[c] = takes ? value : best;
+      winner[c] = takes ? k : winner[c];
+    }
+  }
+}
+
+// Inputs: logits (N, S*K) = cos * |w| of the rows (pfc_logits), inv_norm (S*K) their 1 / |w|.
+// Outputs: cos (N, S), cos[i, c] = max_k logits[i, c*K + k] * inv_norm[c*K + k]; winner (N, S)
+// int32, the k that gave it. A tie goes to the first of the tied rows (torch.max's index); a
+// NaN row wins over every number (the first NaN), so that the loss check sees it (2.9).
+MXReturnValue subcenter_pool(const std::unordered_map<std::string, std::string>& attrs,
+                             std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                             const OpResource& res) {
+  const float* logits = (*inputs)[0].data<float>();
+  const float* inv_norm = (*inputs)[1].data<float>();
+  float* cos = (*outputs)[0].data<float>();
+  int32_t* winner = (*outputs)[1].data<int32_t>();
+  const int64_t K = attr_k(attrs), N = (*inputs)[0].shape[0], S = (*inputs)[0].shape[1] / K;
+  auto* pool = K == 2 ? pool_row<2> : K == 3 ? pool_row<3> : K == 4 ? pool_row<4> : pool_row<kAnyK>;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) pool(logits + i * S * K, inv_norm, S, K, cos + i * S, winner + i * S);
+  return MX_SUCCESS;
+}
+
+// One row of pfc_subcenter_route over classes [c0, c1): row[c*K + k] becomes grad[c] * inv_norm[c*K + k]
+// where k = winner[c], else 0, and acc[c*K + k - c0*K] adds that times the row's cosine.
+template <int kK>
+void route_row(float* row, const float* inv_norm, const int32_t* winner, const float* grad, int64_t c0,
+               int64_t c1, int64_t runtime_k, float* acc) {
+  const int64_t K = kK == kAnyK ? runtime_k : kK;
+  for (int64_t c = c0; c < c1; ++c) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t r = c * K + k;
+      const float g = winner[c] == k ? grad[c] * inv_norm[r] : 0.0f;
+      acc[r - c0 * K] += g * (row[r] * inv_norm[r]);
+      row[r] = g;
+    }
+  }
+}
+
+// Inputs: logits (N, S*K) = cos * |w| of the rows [mutated into the rows' gradient], inv_norm
+// (S*K), winner (N, S) int32 (pfc_subcenter_pool), grad (N, S) = d loss / d cos of the classes.
+// Output: radial (S*K), radial[r] = inv_norm[r] * sum_i grad_rows[i, r] * cos_rows[i, r] (the b
+// of 2.5 per row, times 1 / |w|), where cos_rows = logits * inv_norm and
+// grad_rows[i, c*K + k] = grad[i, c] * inv_norm[c*K + k] if k = winner[i, c], else 0.
+MXReturnValue subcenter_route(const std::unordered_map<std::string, std::string>& attrs,
+                              std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                              const OpResource& res) {
+  float* logits = (*inputs)[0].data<float>();
+  const float* inv_norm = (*inputs)[1].data<float>();
+  const int32_t* winner = (*inputs)[2].data<int32_t>();
+  const float* grad = (*inputs)[3].data<float>();
+  float* radial = (*outputs)[0].data<float>();
+  const int64_t K = attr_k(attrs), N = (*inputs)[2].shape[0], S = (*inputs)[2].shape[1];
+  for (int64_t cell = 0; cell < N * S; ++cell) {
+    if (winner[cell] < 0 || winner[cell] >= K) {
+      MX_ERROR_MSG << "pfc_subcenter_route: winner[" << cell / S << ", " << cell % S << "] = " << winner[cell]
+                   << " is outside [0, " << K << "), the sub-centers of a class";
+      return MX_FAIL;
+    }
+  }
+  auto* route = K == 2 ? route_row<2> : K == 3 ? route_row<3> : K == 4 ? route_row<4> : route_row<kAnyK>;
+  constexpr int64_t kBlock = 256;   // classes per task: their K * kBlock partial sums stay in L1
+  const int64_t num_blocks = (S + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < num_blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = c0 + kBlock < S ? c0 + kBlock : S;
+    std::vector<float> acc((c1 - c0) * K, 0.0f);
+    for (int64_t i = 0; i < N; ++i)
+      route(logits + i * S * K, inv_norm, winner + i * S, grad + i * S, c0, c1, K, acc.data());
+    for (int64_t r = c0 * K; r < c1 * K; ++r) radial[r] = acc[r - c0 * K] * inv_norm[r];
+  }
+  return MX_SUCCESS;
+}
+
 // ------------------------------------------------------------ registration
 // parseAttrs/inferType/inferShape per op; inputs are validated here so that a
 // misuse fails with a message instead of reading out of bounds.
@@ -581,7 +689,56 @@ MXReturnValue mutate_step(const std::unordered_map<std::string, std::string>&, s
   idx->push_back(4); idx->push_back(5); return MX_SUCCESS;
 }
 
+MXReturnValue pool_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
+  *n_in = 2; *n_out = 2; return MX_SUCCESS;
+}
+MXReturnValue pool_types(const std::unordered_map<std::string, std::string>&,
+                         std::vector<int>* in, std::vector<int>* out) {
+  if (!check((*in)[0] == kFloat32 && (*in)[1] == kFloat32, "pfc_subcenter_pool",
+             "needs float32 logits and inv_norm")) return MX_FAIL;
+  (*out)[0] = kFloat32; (*out)[1] = kInt32; return MX_SUCCESS;
+}
+MXReturnValue pool_shapes(const std::unordered_map<std::string, std::string>& attrs,
+                          std::vector<std::vector<unsigned int>>* in,
+                          std::vector<std::vector<unsigned int>>* out) {
+  const auto& l = (*in)[0];
+  const int64_t K = attr_k(attrs);
+  if (!check(K >= 1 && l.size() == 2 && l[1] % K == 0 && (*in)[1] == std::vector<unsigned int>{l[1]},
+             "pfc_subcenter_pool", "needs K >= 1, logits (N, S * K) and inv_norm (S * K,)")) return MX_FAIL;
+  (*out)[0] = (*out)[1] = {l[0], static_cast<unsigned int>(l[1] / K)}; return MX_SUCCESS;
+}
+
+MXReturnValue route_attrs(const std::unordered_map<std::string, std::string>&, int* n_in, int* n_out) {
+  *n_in = 4; *n_out = 1; return MX_SUCCESS;
+}
+MXReturnValue route_types(const std::unordered_map<std::string, std::string>&,
+                          std::vector<int>* in, std::vector<int>* out) {
+  if (!check((*in)[0] == kFloat32 && (*in)[1] == kFloat32 && (*in)[2] == kInt32 && (*in)[3] == kFloat32,
+             "pfc_subcenter_route", "needs float32 logits, inv_norm and grad and an int32 winner")) return MX_FAIL;
+  (*out)[0] = kFloat32; return MX_SUCCESS;
+}
+MXReturnValue route_shapes(const std::unordered_map<std::string, std::string>& attrs,
+                           std::vector<std::vector<unsigned int>>* in,
+                           std::vector<std::vector<unsigned int>>* out) {
+  const auto& l = (*in)[0];
+  const auto& w = (*in)[2];
+  const int64_t K = attr_k(attrs);
+  bool ok = K >= 1 && l.size() == 2 && w.size() == 2 && w[0] == l[0] && int64_t{w[1]} * K == l[1] &&
+            (*in)[1] == std::vector<unsigned int>{l[1]} && (*in)[3] == w;
+  if (!check(ok, "pfc_subcenter_route", "needs K >= 1, logits (N, S * K), inv_norm (S * K,), winner (N, S) "
+             "and grad (N, S)")) return MX_FAIL;
+  (*out)[0] = {l[1]}; return MX_SUCCESS;
+}
+
 }  // namespace
+
+REGISTER_OP(pfc_subcenter_pool)
+.setForward(subcenter_pool, "cpu").setParseAttrs(pool_attrs)
+.setInferType(pool_types).setInferShape(pool_shapes);
+
+REGISTER_OP(pfc_subcenter_route)
+.setForward(subcenter_route, "cpu").setParseAttrs(route_attrs)
+.setInferType(route_types).setInferShape(route_shapes).setMutateInputs(mutate_first);
 
 REGISTER_OP(pfc_inv_norm)
 .setForward(inv_norm, "cpu").setParseAttrs(norm_attrs)
