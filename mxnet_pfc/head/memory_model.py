@@ -23,7 +23,8 @@ sub-centers per class (--subcenters, sub-center ArcFace) every class has K rows:
 centers, momentum and the sampled buffers are K times larger, and beside the
 pooled N x S logits the head holds the sub-centers' cosines, their gradient and
 its product with the cosines (N x S x K each) and K column slices and K masks
-(N x S each). The
+(N x S each), as the MXNet-operator path (the GPU's) holds them; the fused CPU
+kernels hold none of the slices and masks, so on a CPU this is an upper bound. The
 backbone, its activations and the framework's own memory are not in it: pass
 them as --reserve (measure a run with a small head to find yours).
 """
