@@ -38,8 +38,9 @@ def test_model_counts_what_the_head_allocates(rate):
 
 @pytest.mark.parametrize("rate", [0.1, 1.0])
 def test_model_counts_the_rows_of_sub_centers(rate):
-    """With K sub-centers per class the bank holds K rows per class, and the workspace the N x S x K cosines
-    (the model also counts the pooling's other arrays, which MXNet allocates per step)."""
+    """With K sub-centers per class the bank holds K rows per class, and the fused path's workspace the N x S x K
+    cosines, the pooled N x S logits and their N x S winners (the model counts the MXNet path's arrays, the
+    GPU's, which hold more: an upper bound here)."""
     from mxnet_pfc.head.margin import SubCenterArcFace
 
     classes, dim, batch, K = 20_000, 16, 8, 3
@@ -50,8 +51,8 @@ def test_model_counts_the_rows_of_sub_centers(rate):
     assert model.num_sample == head.sampled_index.shape[0]
     assert model.centers == head.bank.weight.size * 4 == K * head_memory(classes, 1, dim, rate, batch).centers
     workspace = sum(a.size * 4 for a in head.workspace._flat.values())
-    assert workspace == batch * model.num_sample * K * 4
-    assert model.logits == batch * model.num_sample * 4 * (1 + 5 * K)
+    assert workspace == batch * model.num_sample * (K + 2) * 4
+    assert model.logits == batch * model.num_sample * 4 * (1 + 5 * K) >= workspace
 
 
 def test_model_counts_the_held_gradients_of_accumulation():
