@@ -16,8 +16,8 @@ LAYERS = {
     "head": ("The Partial FC head (`mxnet_pfc/head/`): the step and its collectives, the margins, the sampler, "
              "the memory bank and its memory model, the fused kernels.",
              ("test_adaface.py", "test_bad_input.py", "test_bank_memory.py", "test_center_search.py",
-              "test_curricularface.py", "test_distributed.py", "test_elasticface.py", "test_exchange.py", "test_graph_safety.py",
-              "test_kernels.py", "test_magface.py", "test_plan.py", "test_reference.py",
+              "test_curricularface.py", "test_distributed.py", "test_elasticface.py", "test_exchange.py",
+              "test_graph_safety.py", "test_kernels.py", "test_magface.py", "test_plan.py", "test_reference.py",
               "test_set_heads.py", "test_sharding_and_sampling.py", "test_subcenter.py")),
     "data": ("Data (`mxnet_pfc/data/`): RecordIO sets and image folders, decoding, the iterators, packing and "
              "the synthetic sets.",
