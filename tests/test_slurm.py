@@ -25,7 +25,8 @@ from launch import (
     trainer_processes,
     wait_until,
 )
-from mxnet_pfc.runtime import rank, slurm
+from mxnet_pfc.runtime import slurm
+from mxnet_pfc.runtime.rank_environment import rank_environment
 from slurm_cluster import SlurmCluster, unavailable_reason
 from two_hosts import HOST_A, HOST_B, INTERFACE, TwoHosts
 from two_hosts import unavailable_reason as two_hosts_unavailable
@@ -120,11 +121,11 @@ def test_node_states_as_scontrol_prints_them(monkeypatch):
 
 def test_a_rank_of_an_srun_step_takes_its_share_of_the_cores():
     step = {"SLURM_STEP_TASKS_PER_NODE": "4(x2),2", "SLURM_NODEID": "2"}
-    assert rank.rank_environment(step, cpus=8, sites=[])["OMP_NUM_THREADS"] == "4"
+    assert rank_environment(step, cpus=8, sites=[])["OMP_NUM_THREADS"] == "4"
     step["SLURM_NODEID"] = "0"
-    assert rank.rank_environment(step, cpus=8, sites=[])["OMP_NUM_THREADS"] == "2"
+    assert rank_environment(step, cpus=8, sites=[])["OMP_NUM_THREADS"] == "2"
     # bound by srun --cpu-bind to cores of its own: its affinity mask is its share already
-    assert rank.rank_environment({**step, "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, cpus=8, sites=[])[
+    assert rank_environment({**step, "SLURM_CPU_BIND_TYPE": "mask_cpu:"}, cpus=8, sites=[])[
         "OMP_NUM_THREADS"] == "8"
 
 
