@@ -1,6 +1,7 @@
 """Fixtures shared by test files."""
 import pytest
 
+import launch
 import margin_golden
 from launch import LEARNED_RUN, REFERENCE_RUN, config_sh, run_command, small_synthetic_run, tiny_synthetic_run
 from mxnet_pfc.data import synthetic_set
@@ -42,3 +43,12 @@ def margin_run(request, tmp_path_factory):
     (inputs, every rank's results). Session-scoped, so pytest groups the margin tests by run."""
     world, ops = request.param
     return margin_golden.golden(request.param, tmp_path_factory.mktemp(f"margins{world}{ops}"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast lane (make test-fast) skips the tests marked slow, as it skips those that launch ranks."""
+    if launch.FAST_LANE:
+        skip = pytest.mark.skip(reason="slow: `make test` runs it (the fast lane skips it)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)

@@ -123,17 +123,23 @@ def final_summary(output) -> dict:
 
 
 # `make test-fast` (MXNET_PFC_FAST_TESTS=1): the unit and single-process tests; a test that launches ranks
-# (horovodrun, mpirun, config.sh, run.sh, the elastic supervisor, Slurm) is skipped where it starts them.
+# (horovodrun, mpirun, config.sh, run.sh, the elastic supervisor, Slurm, bench_memory.py) is skipped where it
+# starts them, and so is a single-process test marked `slow` (conftest.py; pytest.ini says why each is).
 FAST_LANE = os.environ.get("MXNET_PFC_FAST_TESTS") == "1"
 RANK_LAUNCHERS = ("horovodrun", "mpirun", "config.sh", "run.sh", "mxnet_pfc.elastic", "mxnet-pfc-elastic", "sbatch",
-                  "srun", "slurm.sbatch")
+                  "srun", "slurm.sbatch", "bench_memory.py")
+
+
+def skip_in_fast_lane(cmd: list) -> None:
+    """Skip the calling test in the fast lane if CMD launches ranks."""
+    if FAST_LANE and any(str(part).endswith(RANK_LAUNCHERS) for part in cmd):
+        import pytest
+        pytest.skip("launches ranks: `make test` runs it (the fast lane runs single-process tests)")
 
 
 def start_command(cmd: list, env: "dict | None" = None) -> subprocess.Popen:
     """CMD started in its own process group, output to a pipe; finish with finish_command."""
-    if FAST_LANE and any(str(part).endswith(RANK_LAUNCHERS) for part in cmd):
-        import pytest
-        pytest.skip("launches ranks: `make test` runs it (the fast lane runs single-process tests)")
+    skip_in_fast_lane(cmd)
     return subprocess.Popen([str(part) for part in cmd], cwd=REPO, env={**rank_env(), **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
