@@ -15,6 +15,8 @@ import pytest
 from launch import run_ranks
 from margin_golden import assert_refused, check_scenario, register, scenarios
 
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
+
 EPS = 1e-3
 # (s, m, h, t_alpha): the published defaults, and a strong setting where the scaler clips at
 # +-1 and theta + g_angular leaves [eps, pi - eps] (the clamps bind).

@@ -13,6 +13,8 @@ import pytest
 
 from margin_golden import assert_refused, check_scenario, register, scenarios
 
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
+
 # (s, m, t_alpha): the published values, and TFace's momentum with a larger margin (more rows past pi - m)
 MARGINS = {"published": dict(s=64.0, m=0.5, t_alpha=0.01), "tface-wide": dict(s=32.0, m=0.9, t_alpha=0.1)}
 SCENARIOS = scenarios(MARGINS, accumulated="published")

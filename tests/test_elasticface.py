@@ -12,6 +12,8 @@ import pytest
 
 from margin_golden import assert_refused, check_scenario, register, scenarios
 
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
+
 # loss name: its published (s, m, std) (ElasticFace config/config.py)
 LOSSES = {"elasticface-arc": dict(s=64.0, m=0.5, std=0.05), "elasticface-arc+": dict(s=64.0, m=0.5, std=0.0175),
           "elasticface-cos": dict(s=64.0, m=0.35, std=0.05), "elasticface-cos+": dict(s=64.0, m=0.35, std=0.02)}

@@ -12,6 +12,8 @@ import pytest
 
 from margin_golden import assert_refused, check_scenario, register, scenarios
 
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
+
 PUBLISHED = dict(s=64.0, l_a=10.0, u_a=110.0, l_m=0.45, u_m=0.8, lambda_g=35.0)
 MARGINS = {"published": dict(PUBLISHED), "fallback": dict(PUBLISHED, easy_margin=False, s=32.0, l_m=1.2, u_m=2.5)}
 SCENARIOS = scenarios(MARGINS, accumulated="published")

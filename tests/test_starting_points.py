@@ -21,6 +21,8 @@ from mxnet_pfc.training import checkpoint, starting_point
 from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
 
+pytestmark = pytest.mark.xdist_group("learned")      # with the others using conftest.learned (conftest.py)
+
 
 def verification_records(output) -> dict:
     """{step: accuracy on val} from rank 0's metrics.jsonl."""

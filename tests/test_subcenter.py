@@ -11,6 +11,8 @@ import pytest
 
 from margin_golden import assert_refused, check_scenario, register, scenarios
 
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
+
 MARGINS = {"published": dict(s=64.0, m1=1.0, m2=0.5, m3=0.0, subcenters=3),
            "two-combined": dict(s=32.0, m1=1.0, m2=0.3, m3=0.1, subcenters=2)}
 SCENARIOS = scenarios(MARGINS, accumulated="published")
