@@ -52,7 +52,8 @@ def pytest_collection_modifyitems(config, items):
     make test and make test-fast run the tests on two workers (pytest-xdist, --dist loadgroup), a group each
     at a time: a file is one group, so that its module fixtures are built once; the files that use one of the
     session's costly runs (conftest.learned, conftest.margin_run) say so with an xdist_group mark and share a
-    worker, where it is built once."""
+    worker, where it is built once, and so do test_slurm.py and test_two_hosts.py (two_hosts.TwoHosts' veth
+    pair has one name)."""
     for item in items:
         if not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
