@@ -2,6 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
+# The tests run on TEST_WORKERS pytest-xdist workers, a file (or the files sharing a session's run) each at a
+# time (tests/conftest.py); TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
@@ -15,11 +19,11 @@ doctor: setup                ## what this machine will run: MXNet's build, the G
 
 test: setup                  ## the lint, then the whole test suite (what .ci/run calls)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests
+	$(PYTEST) tests
 
 test-fast: setup             ## the lint, then the unit and single-process tests (a test that launches ranks is skipped)
 	$(VENV)/bin/ruff check .
-	MXNET_PFC_FAST_TESTS=1 $(PY) -m pytest -q tests
+	MXNET_PFC_FAST_TESTS=1 $(PYTEST) -q tests
 
 lint: setup                  ## the lint alone (rules in pyproject.toml)
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """Fixtures shared by test files, and a marker per layer of the package (catalogue.LAYERS)."""
 import pytest
 
+import launch
 import margin_golden
 from catalogue import LAYER_OF, LAYERS
 from launch import LEARNED_RUN, REFERENCE_RUN, config_sh, run_command, small_synthetic_run, tiny_synthetic_run
@@ -56,3 +57,22 @@ def margin_run(request, tmp_path_factory):
     (inputs, every rank's results). Session-scoped, so pytest groups the margin tests by run."""
     world, ops = request.param
     return margin_golden.golden(request.param, tmp_path_factory.mktemp(f"margins{world}{ops}"))
+
+
+@pytest.hookimpl(tryfirst=True)         # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The fast lane (make test-fast) skips the tests marked slow, as it skips those that launch ranks.
+
+    make test and make test-fast run the tests on two workers (pytest-xdist, --dist loadgroup), a group each
+    at a time: a file is one group, so that its module fixtures are built once; the files that use one of the
+    session's costly runs (conftest.learned, conftest.margin_run) say so with an xdist_group mark and share a
+    worker, where it is built once, and so do test_slurm.py and test_two_hosts.py (two_hosts.TwoHosts' veth
+    pair has one name)."""
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if launch.FAST_LANE:
+        skip = pytest.mark.skip(reason="slow: `make test` runs it (the fast lane skips it)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)

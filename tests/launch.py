@@ -12,7 +12,31 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+
+# Horovod's launcher as its horovodrun script runs it, less one check: that Horovod was built with Gloo, which
+# horovodrun makes on every launch in a forked process that imports MXNet (1.3 s of a launch here, minutes of
+# the suite). The ranks need Gloo to start at all (hvd.init), so a test loses nothing by it.
+QUICK_HOROVODRUN = """import sys
+import horovod.runner.launch as launch
+if __name__ == "__main__":
+    launch.gloo_built = lambda verbose=False: True
+    sys.exit(launch.run_commandline())
+"""
+
+
+@lru_cache(maxsize=None)
+def horovodrun() -> str:
+    """The tests' horovodrun (QUICK_HOROVODRUN run by this Python), written once per session to a temporary
+    folder; named horovodrun as the real one is (RANK_LAUNCHERS, test_launch_signals)."""
+    import atexit
+    import shutil
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="mxnet-pfc-tests-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = Path(folder) / "horovodrun"
+    path.write_text(f"#!{sys.executable}\n{QUICK_HOROVODRUN}")
+    path.chmod(0o755)
+    return str(path)
 
 
 @lru_cache(maxsize=None)
@@ -38,7 +62,7 @@ def rank_env() -> dict:
 
 def run_ranks(world_size: int, args: list, timeout: float, env: "dict | None" = None) -> subprocess.CompletedProcess:
     """horovodrun --gloo -np W -H localhost:W python ARGS; killed whole after `timeout` s."""
-    return run_command([HOROVODRUN, "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
+    return run_command([horovodrun(), "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
                         sys.executable, *args], timeout, env)
 
 
@@ -62,7 +86,7 @@ def run_command(cmd: list, timeout: float, env: "dict | None" = None) -> subproc
 
 def config_sh(*args, ranks: int = 2) -> list:
     """horovodrun --gloo on `ranks` local ranks of config.sh; trainer options after "--"."""
-    return [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", "bash", "config.sh", "--", *args]
+    return [horovodrun(), "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", "bash", "config.sh", "--", *args]
 
 
 # The test runs' settings: the synthetic default's CPU-sized recipe (r18-lite, cosface-small, batch 32, ...),
@@ -123,17 +147,23 @@ def final_summary(output) -> dict:
 
 
 # `make test-fast` (MXNET_PFC_FAST_TESTS=1): the unit and single-process tests; a test that launches ranks
-# (horovodrun, mpirun, config.sh, run.sh, the elastic supervisor, Slurm) is skipped where it starts them.
+# (horovodrun, mpirun, config.sh, run.sh, the elastic supervisor, Slurm, bench_memory.py) is skipped where it
+# starts them, and so is a single-process test marked `slow` (conftest.py; pytest.ini says why each is).
 FAST_LANE = os.environ.get("MXNET_PFC_FAST_TESTS") == "1"
 RANK_LAUNCHERS = ("horovodrun", "mpirun", "config.sh", "run.sh", "mxnet_pfc.elastic", "mxnet-pfc-elastic", "sbatch",
-                  "srun", "slurm.sbatch")
+                  "srun", "slurm.sbatch", "bench_memory.py")
+
+
+def skip_in_fast_lane(cmd: list) -> None:
+    """Skip the calling test in the fast lane if CMD launches ranks."""
+    if FAST_LANE and any(str(part).endswith(RANK_LAUNCHERS) for part in cmd):
+        import pytest
+        pytest.skip("launches ranks: `make test` runs it (the fast lane runs single-process tests)")
 
 
 def start_command(cmd: list, env: "dict | None" = None) -> subprocess.Popen:
     """CMD started in its own process group, output to a pipe; finish with finish_command."""
-    if FAST_LANE and any(str(part).endswith(RANK_LAUNCHERS) for part in cmd):
-        import pytest
-        pytest.skip("launches ranks: `make test` runs it (the fast lane runs single-process tests)")
+    skip_in_fast_lane(cmd)
     return subprocess.Popen([str(part) for part in cmd], cwd=REPO, env={**rank_env(), **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -190,7 +220,8 @@ def trainer_pid(output, rank: int) -> "int | None":
     return None
 
 
-ELASTIC = [sys.executable, "-m", "mxnet_pfc.elastic"]
+# the elastic supervisor, launching with the tests' horovodrun (a test's own --horovodrun, later, wins)
+ELASTIC = [sys.executable, "-m", "mxnet_pfc.elastic", "--horovodrun", horovodrun()]
 
 
 def elastic_timeline(output) -> "list[dict]":

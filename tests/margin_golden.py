@@ -1,8 +1,11 @@
-"""The golden check of a margin loss under the sharded, sampled head (test_adaface.py, test_elasticface.py,
-test_magface.py): the package's head on W ranks against a dense float64 reference of the official loss.
+"""The golden check of a margin loss under the sharded, sampled head, the one shape of the five per-loss files
+(test_adaface.py, test_curricularface.py, test_elasticface.py, test_magface.py, test_subcenter.py): the
+package's head on W ranks against a dense float64 reference of the official loss.
 
-A test supplies, per scenario, the loss name and parameters the worker builds (margin.make_margin) and an
-"official" object written from the loss's official code, sharing nothing with mxnet_pfc:
+Each of them supplies its margins (the loss name and parameters the worker builds, margin.make_margin), a
+batch maker that reaches the loss's branches, and an "official" object written from the loss's official code,
+sharing nothing with mxnet_pfc; registers them (register); and checks every scenario (check_scenario) and that
+bad parameters are refused naming the field (assert_refused):
 
   official.logits(cos (N, C), labels (N,), norms (N,)) -> (logits, d logits / d cos, d logits / d norm or None)
       updating its running statistics / draws first, as the official forward does; with K centers per class
@@ -14,6 +17,7 @@ A test supplies, per scenario, the loss name and parameters the worker builds (m
 import json
 
 import numpy as np
+import pytest
 
 import reference
 from launch import golden_ranks
@@ -59,9 +63,11 @@ def reference_step(official, x, labels, w):
     return loss, dx, dw
 
 
-def scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make_batch, subcenters=1):
-    """The inputs of one scenario: margin, centers (K = subcenters rows per class), momentum, and per step and
-    micro-batch a global batch make_batch(rng, w, world) -> (x (B*world, D) float32, labels)."""
+def scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make_batch):
+    """The inputs of one scenario: margin, centers (K = params' `subcenters`, default 1, rows per class),
+    momentum, and per step and micro-batch a global batch make_batch(rng, w, world, params) -> (x (B*world, D)
+    float32, labels)."""
+    subcenters = params.get("subcenters", 1)
     C, rate = SETTINGS[setting]
     w = rng.normal(size=(C * subcenters, D)).astype(np.float32)
     arrays = {f"{name}/loss": np.array(loss), f"{name}/params": np.array(json.dumps(params)),
@@ -71,27 +77,34 @@ def scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make
               f"{name}/mom": (0.01 * rng.normal(size=(C * subcenters, D))).astype(np.float32)}
     for step in range(len(LRS)):
         for micro in range(micro_batches):
-            x, y = make_batch(rng, w, world)
+            x, y = make_batch(rng, w, world, params)
             arrays[f"{name}/x{step}.{micro}"] = x.astype(np.float32)
             arrays[f"{name}/y{step}.{micro}"] = y
     return arrays
 
 
+def scenarios(margins, accumulated: str) -> dict:
+    """The scenarios of a margin test: name -> (margin, setting, micro-batches). Every margin of MARGINS in every
+    setting of SETTINGS on one micro-batch, and ACCUMULATED sampled over two ("ACCUMULATED-sampled-accum2")."""
+    return {**{f"{margin}-{setting}": (margin, setting, 1) for margin in margins for setting in SETTINGS},
+            f"{accumulated}-sampled-accum2": (accumulated, "sampled", 2)}
+
+
 _MAKERS = {}      # test name: its make_inputs(world) -> arrays (register)
 
 
-def register(test: str, scenarios: dict, seed: int):
-    """A margin test's scenarios, run with every other registered test's in one launch per (world, ops)
-    (conftest.margin_run, session-scoped: one horovodrun per run instead of one per loss), named TEST.NAME
-    in the results; test modules register when imported, at collection. scenarios: name -> (loss, its
-    parameters, setting of SETTINGS, micro-batches, make_batch(rng, centers, world) -> (x, labels)); the
-    parameters' `subcenters` (default 1) sets the centers' rows per class. Returns make_inputs(world)."""
+def register(test: str, margins: dict, accumulated: str, make_batch, seed: int):
+    """A margin test's scenarios (scenarios(MARGINS, ACCUMULATED)), run with every other registered test's in one
+    launch per (world, ops) (conftest.margin_run, session-scoped: one horovodrun per run instead of one per loss),
+    named TEST.NAME in the results; test modules register when imported, at collection. margins: margin name ->
+    (loss of margin.LOSSES, its parameters; their `subcenters`, default 1, sets the centers' rows per class);
+    make_batch(rng, centers, world, parameters) -> a global batch (x, labels). Returns make_inputs(world)."""
     def make_inputs(world: int) -> dict:
         rng = np.random.default_rng(seed + world)
         arrays = {}
-        for name, (loss, params, setting, micro_batches, make_batch) in scenarios.items():
-            arrays.update(scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make_batch,
-                                          subcenters=params.get("subcenters", 1)))
+        for name, (margin, setting, micro_batches) in scenarios(margins, accumulated).items():
+            loss, params = margins[margin]
+            arrays.update(scenario_arrays(rng, name, loss, params, setting, micro_batches, world, make_batch))
         return arrays
     _MAKERS[test] = make_inputs
     return make_inputs
@@ -109,6 +122,15 @@ def run_scenarios(tmp, world, ops, arrays) -> "list[dict]":
     names = sorted({key.split("/")[0] for key in arrays})
     np.savez(tmp / "inputs.npz", scenarios=np.array(names), **arrays)
     return golden_ranks("tests/margin_worker.py", world, ops, tmp / "inputs.npz", tmp, names)
+
+
+def assert_refused(loss: str, field: str, kwargs: dict):
+    """margin.make_margin(LOSS, **kwargs) raises MarginParameterError (a ValueError) naming FIELD."""
+    from mxnet_pfc.head.margin import MarginParameterError, make_margin
+
+    with pytest.raises(MarginParameterError, match=rf"\b{field}\b") as error:
+        make_margin(loss, **kwargs)
+    assert error.value.param == field
 
 
 def check_scenario(official, inputs, ranks, name):

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from launch import run_ranks
-from margin_golden import SETTINGS, check_scenario, register
+from margin_golden import assert_refused, check_scenario, register, scenarios
+
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
 
 EPS = 1e-3
 # (s, m, h, t_alpha): the published defaults, and a strong setting where the scaler clips at
 # +-1 and theta + g_angular leaves [eps, pi - eps] (the clamps bind).
 MARGINS = {"default": (64.0, 0.4, 0.333, 0.01), "strong": (32.0, 0.4, 3.0, 0.5)}
-SCENARIOS = {**{f"{m}-{s}": (m, s, 1) for m in MARGINS for s in SETTINGS},
-             "strong-sampled-accum2": ("strong", "sampled", 2)}
+SCENARIOS = scenarios(MARGINS, accumulated="strong")
 
 
 class OfficialAdaFace:
@@ -56,7 +57,7 @@ class OfficialAdaFace:
         return self.s * out, self.s * dout, None
 
 
-def clamp_reaching_batch(rng, w, world):
+def clamp_reaching_batch(rng, w, world, params):
     """A global batch whose rows reach AdaFace's clamps (test_the_inputs_reach_the_clamps)."""
     n = 4 * world
     y = rng.integers(0, w.shape[0], size=n)
@@ -69,9 +70,8 @@ def clamp_reaching_batch(rng, w, world):
     return x * (norms / np.linalg.norm(x, axis=1))[:, None], y
 
 
-make_inputs = register("adaface", {
-    name: ("adaface", dict(zip(("s", "m", "h", "t_alpha"), MARGINS[margin])), setting, micro, clamp_reaching_batch)
-    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=100)
+make_inputs = register("adaface", {name: ("adaface", dict(zip(("s", "m", "h", "t_alpha"), values)))
+                                    for name, values in MARGINS.items()}, "strong", clamp_reaching_batch, seed=100)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -139,7 +139,8 @@ def test_target_logit_derivative_by_finite_differences():
 def test_bad_parameters_are_refused_naming_the_field(field, kwargs):
     from mxnet_pfc import AdaFaceMargin
 
-    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+    assert_refused("adaface", field, kwargs)
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):        # the class itself, as the package exports it
         AdaFaceMargin(**kwargs)
 
 

@@ -4,9 +4,12 @@ Tiny sizes here; the figures themselves are not tested."""
 import json
 import sys
 
+import pytest
+
 from launch import run_command
 
 
+@pytest.mark.slow
 def test_bench_data_builds_once_and_prints_every_figure(tmp_path):
     out = tmp_path / "data.jsonl"
     args = [sys.executable, "benchmarks/bench_data.py", "--dir", tmp_path / "sets", "--records", 600, "--images", 300,

@@ -11,12 +11,13 @@ import math
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register
+from margin_golden import assert_refused, check_scenario, register, scenarios
+
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
 
 # (s, m, t_alpha): the published values, and TFace's momentum with a larger margin (more rows past pi - m)
 MARGINS = {"published": dict(s=64.0, m=0.5, t_alpha=0.01), "tface-wide": dict(s=32.0, m=0.9, t_alpha=0.1)}
-SCENARIOS = {**{f"{m}-{s}": (m, s, 1) for m in MARGINS for s in SETTINGS},
-             "published-sampled-accum2": ("published", "sampled", 2)}
+SCENARIOS = scenarios(MARGINS, accumulated="published")
 
 
 class OfficialCurricularFace:
@@ -49,7 +50,7 @@ class OfficialCurricularFace:
         return self.s * out, self.s * dout, None
 
 
-def varied_batch(rng, w, world):
+def varied_batch(rng, w, world, params):
     """Rows near their centers (few hard negatives), random rows (many), one row past pi - m (the fallback)."""
     n = 4 * world
     y = rng.integers(0, w.shape[0], size=n)
@@ -59,9 +60,8 @@ def varied_batch(rng, w, world):
     return x * rng.uniform(0.5, 20.0, size=(n, 1)), y
 
 
-make_inputs = register("curricularface", {
-    name: ("curricularface", MARGINS[margin], setting, micro, varied_batch)
-    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=400)
+make_inputs = register("curricularface", {name: ("curricularface", params) for name, params in MARGINS.items()},
+                       "published", varied_batch, seed=400)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -125,11 +125,7 @@ def test_modulation_derivative_by_finite_differences():
 @pytest.mark.parametrize("field, kwargs", [("s", dict(s=0.0)), ("m", dict(m=-0.1)), ("m", dict(m=4.0)),
                                            ("t_alpha", dict(t_alpha=0.0)), ("t_alpha", dict(t_alpha=float("nan")))])
 def test_bad_parameters_are_refused_naming_the_field(field, kwargs):
-    from mxnet_pfc.head.margin import MarginParameterError, make_margin
-
-    with pytest.raises(MarginParameterError, match=rf"\b{field}\b") as error:
-        make_margin("curricularface", **kwargs)
-    assert error.value.param == field
+    assert_refused("curricularface", field, kwargs)
 
 
 def test_state_round_trip_and_bad_state():

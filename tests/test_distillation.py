@@ -13,6 +13,8 @@ from launch import ckpt, config_sh, own_set_run, rank_stop_line, run_command
 from mxnet_pfc.runtime.errors import ConfigError
 from mxnet_pfc.training import distill
 
+pytestmark = pytest.mark.xdist_group("learned")      # with the others using conftest.learned (conftest.py)
+
 
 @pytest.mark.parametrize("student_width, teacher_width", [(6, 6), (5, 7)])
 def test_the_distillation_term_and_its_gradients_match_a_float64_computation(student_width, teacher_width):

@@ -9,13 +9,14 @@ a resume draw the same ones (docs/losses.md), and the reference draws them by th
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register
+from margin_golden import assert_refused, check_scenario, register, scenarios
+
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
 
 # loss name: its published (s, m, std) (ElasticFace config/config.py)
 LOSSES = {"elasticface-arc": dict(s=64.0, m=0.5, std=0.05), "elasticface-arc+": dict(s=64.0, m=0.5, std=0.0175),
           "elasticface-cos": dict(s=64.0, m=0.35, std=0.05), "elasticface-cos+": dict(s=64.0, m=0.35, std=0.02)}
-SCENARIOS = {**{f"{loss}-{setting}": (loss, setting, 1) for loss in LOSSES for setting in SETTINGS},
-             "elasticface-arc+-sampled-accum2": ("elasticface-arc+", "sampled", 2)}
+SCENARIOS = scenarios(LOSSES, accumulated="elasticface-arc+")
 SEED = 11
 
 
@@ -56,7 +57,7 @@ class OfficialElasticFace:
         return self.s * out, self.s * dout, None
 
 
-def plain_batch(rng, w, world):
+def plain_batch(rng, w, world, params):
     n = 4 * world
     y = rng.integers(0, w.shape[0], size=n)
     x = rng.normal(size=(n, w.shape[1]))
@@ -64,9 +65,8 @@ def plain_batch(rng, w, world):
     return x * rng.uniform(0.5, 30.0, size=(n, 1)), y
 
 
-make_inputs = register("elasticface", {
-    name: (loss, dict(LOSSES[loss], seed=SEED), setting, micro, plain_batch)
-    for name, (loss, setting, micro) in SCENARIOS.items()}, seed=200)
+make_inputs = register("elasticface", {loss: (loss, dict(params, seed=SEED)) for loss, params in LOSSES.items()},
+                       "elasticface-arc+", plain_batch, seed=200)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -124,11 +124,7 @@ def test_target_logit_derivative_by_finite_differences():
 @pytest.mark.parametrize("field, kwargs", [("s", dict(s=0.0)), ("std", dict(std=-0.01)), ("m", dict(m=float("nan"))),
                                            ("seed", dict(seed=-1)), ("seed", dict(seed=1.5))])
 def test_bad_parameters_are_refused_naming_the_field(field, kwargs):
-    from mxnet_pfc.head.margin import MarginParameterError, make_margin
-
-    with pytest.raises(MarginParameterError, match=rf"\b{field}\b") as error:
-        make_margin("elasticface-cos", **kwargs)
-    assert error.value.param == field
+    assert_refused("elasticface-cos", field, kwargs)
 
 
 def test_bad_state_is_refused():

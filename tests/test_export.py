@@ -245,7 +245,19 @@ def test_embed_images_pairs_and_gallery(trained, tmp_path):
     assert ranking[0] == "person2" and len(ranking) == 3
 
 
-def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
+def command_in_process(capsys, module: str, *args) -> "tuple[int, str]":
+    """(exit status, stdout and stderr) of `python -m MODULE ARGS` run as its __main__ does (sys.exit(main())),
+    in this process: MXNet is imported once, not once a command (test_help runs each `python -m`)."""
+    import importlib
+    try:
+        status = importlib.import_module(module).main([str(arg) for arg in args])
+    except SystemExit as exit:          # argparse refusing an option
+        status = exit.code
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+def test_embed_and_export_errors_name_the_problem(trained, tmp_path, capsys):
     _, run = trained
     (tmp_path / "notes.jpg").write_text("not an image")
     cv2.imwrite(str(tmp_path / "big.png"), np.zeros((200, 150, 3), np.uint8))
@@ -256,19 +268,21 @@ def test_embed_and_export_errors_name_the_problem(trained, tmp_path):
         (["mxnet_pfc.embed", tmp_path / "nowhere", tmp_path / "big.png"], "nowhere: no model there"),
         (["mxnet_pfc.embed", ckpt(run / "checkpoints", 6), "--pair", tmp_path / "big.png",
           tmp_path / "big.png"], "no threshold: pass --threshold"),
-        (["mxnet_pfc.export", tmp_path / "nowhere"], "nowhere: no model there"),
         (["mxnet_pfc.verify", run, tmp_path / "notes.jpg"], "notes.jpg: not a pickle"),
     ]
     for args, message in cases:
-        proc = run_command([sys.executable, "-m", *args], timeout=120)
-        assert proc.returncode == 1 and message in proc.stdout, (args, proc.stdout[-2000:])
+        status, out = command_in_process(capsys, *args)
+        assert status == 1 and message in out, (args, out[-2000:])
+    # export configures logging (logging.basicConfig): in a process of its own
+    proc = run_command([sys.executable, "-m", "mxnet_pfc.export", tmp_path / "nowhere"], timeout=120)
+    assert proc.returncode == 1 and "nowhere: no model there" in proc.stdout, proc.stdout[-2000:]
     for option, value, message in (("--threshold", "nan", "expected a cosine similarity in [-1, 1], got 'nan'"),
                                    ("--threshold", "1.5", "expected a cosine similarity in [-1, 1], got '1.5'"),
                                    ("-k", "0", "expected a whole number of at least 1, got '0'"),
                                    ("-k", "-1", "expected a whole number of at least 1, got '-1'")):
-        proc = run_command([sys.executable, "-m", "mxnet_pfc.embed", run, "--pair", tmp_path / "big.png",
-                            tmp_path / "big.png", option, value], timeout=60)
-        assert proc.returncode == 2 and message in proc.stdout, (option, value, proc.stdout[-2000:])
+        status, out = command_in_process(capsys, "mxnet_pfc.embed", run, "--pair", tmp_path / "big.png",
+                                         tmp_path / "big.png", option, value)
+        assert status == 2 and message in out, (option, value, out[-2000:])
 
 
 def test_an_export_elsewhere_carries_the_verification_only_for_the_parameters_it_measured(trained, tmp_path):

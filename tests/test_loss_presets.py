@@ -32,15 +32,30 @@ def saved_margin_state(folder) -> dict:
     return json.loads((folder / "state.json").read_text())["margin_state"]
 
 
+@pytest.fixture(scope="module")
+def whole_run(reference, tmp_path_factory):
+    """whole_run(loss): the output folder of RUN under LOSS, uninterrupted; launched once per loss in this module
+    (the resume test and the damaged-record test start from its step-8 checkpoint)."""
+    data, _ = reference
+    outputs = {}
+
+    def run(loss):
+        if loss not in outputs:
+            output = tmp_path_factory.mktemp(f"whole-{loss}")
+            proc = run_command(config_sh(*tiny_synthetic_run(data, output, *RUN, "--loss", loss)), timeout=300)
+            assert proc.returncode == 0, proc.stdout[-4000:]
+            outputs[loss] = output
+        return outputs[loss]
+    return run
+
+
 @pytest.mark.parametrize("loss", ["adaface", "elasticface-arc+"])
 def test_a_resume_continues_the_margin_exactly_and_another_world_size_continues_its_statistics(
-        reference, tmp_path, loss):
+        reference, whole_run, tmp_path, loss):
     """AdaFace's running norm statistics and ElasticFace's draw counter are in state.json: a resume from
     step 8 gives steps 9-16 bit for bit as the uninterrupted run; a resume on 1 rank starts from them."""
     data, _ = reference
-    whole = tmp_path / "whole"
-    proc = run_command(config_sh(*tiny_synthetic_run(data, whole, *RUN, "--loss", loss)), timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    whole = whole_run(loss)
     saved = saved_margin_state(ckpt(whole / "checkpoints", 8))
     assert saved and saved != saved_margin_state(ckpt(whole / "checkpoints", 16))
 
@@ -77,12 +92,11 @@ def test_a_resume_under_another_loss_starts_its_statistics_afresh_and_says_so(re
     assert "loss cosface-small -> adaface: the new loss's running statistics start afresh" in proc.stdout
 
 
-def test_a_damaged_margin_record_is_refused_on_every_rank_naming_the_field(reference, tmp_path):
+def test_a_damaged_margin_record_is_refused_on_every_rank_naming_the_field(reference, whole_run, tmp_path):
     data, _ = reference
-    whole = tmp_path / "whole"
-    proc = run_command(config_sh(*tiny_synthetic_run(data, whole, "--max_update", 8, "--loss", "adaface")),
-                       timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    whole = tmp_path / "whole"        # AdaFace's step-8 checkpoint (whole_run), copied to be damaged
+    source = ckpt(whole_run("adaface") / "checkpoints", 8)
+    shutil.copytree(source, whole / "checkpoints" / source.name)
     state_file = ckpt(whole / "checkpoints", 8) / "state.json"
     state = json.loads(state_file.read_text())
     state["margin_state"]["batch_std"] = "NaN"

@@ -10,12 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register
+from margin_golden import assert_refused, check_scenario, register, scenarios
+
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
 
 PUBLISHED = dict(s=64.0, l_a=10.0, u_a=110.0, l_m=0.45, u_m=0.8, lambda_g=35.0)
 MARGINS = {"published": dict(PUBLISHED), "fallback": dict(PUBLISHED, easy_margin=False, s=32.0, l_m=1.2, u_m=2.5)}
-SCENARIOS = {**{f"{m}-{s}": (m, s, 1) for m in MARGINS for s in SETTINGS},
-             "published-sampled-accum2": ("published", "sampled", 2)}
+SCENARIOS = scenarios(MARGINS, accumulated="published")
 
 
 class OfficialMagFace:
@@ -62,7 +63,7 @@ class OfficialMagFace:
         return self.lambda_g * (a / self.u_a ** 2 + 1 / a), self.lambda_g * (1 / self.u_a ** 2 - 1 / a ** 2) * da
 
 
-def norm_spanning_batch(rng, w, world):
+def norm_spanning_batch(rng, w, world, params):
     """Norms below l_a, inside, above u_a; target cosines both sides of 0 (and of the fallback's threshold)."""
     n = 4 * world
     y = rng.integers(0, w.shape[0], size=n)
@@ -74,9 +75,8 @@ def norm_spanning_batch(rng, w, world):
     return x * (norms / np.linalg.norm(x, axis=1))[:, None], y
 
 
-make_inputs = register("magface", {
-    name: ("magface", MARGINS[margin], setting, micro, norm_spanning_batch)
-    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=300)
+make_inputs = register("magface", {name: ("magface", params) for name, params in MARGINS.items()}, "published",
+                       norm_spanning_batch, seed=300)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -136,11 +136,7 @@ def test_norm_derivatives_by_finite_differences(easy_margin):
                                            ("u_m", dict(u_m=0.3)), ("lambda_g", dict(lambda_g=-1.0)),
                                            ("l_m", dict(l_m=float("inf")))])
 def test_bad_parameters_are_refused_naming_the_field(field, kwargs):
-    from mxnet_pfc.head.margin import MarginParameterError, make_margin
-
-    with pytest.raises(MarginParameterError, match=rf"\b{field}\b") as error:
-        make_margin("magface", **kwargs)
-    assert error.value.param == field
+    assert_refused("magface", field, kwargs)
 
 
 def test_the_published_lambda_g_is_above_the_papers_bound():

@@ -31,6 +31,8 @@ from slurm_cluster import SlurmCluster, unavailable_reason
 from two_hosts import HOST_A, HOST_B, INTERFACE, TwoHosts
 from two_hosts import unavailable_reason as two_hosts_unavailable
 
+pytestmark = pytest.mark.xdist_group("two_hosts")     # with test_two_hosts.py: one veth pair at a time (conftest.py)
+
 SBATCH = REPO / "setup-utils" / "slurm.sbatch"
 
 

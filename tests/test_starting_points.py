@@ -24,6 +24,8 @@ from mxnet_pfc.training import config as config_lib
 from mxnet_pfc.training import resume as resume_lib
 from mxnet_pfc.training import starting_point
 
+pytestmark = pytest.mark.xdist_group("learned")      # with the others using conftest.learned (conftest.py)
+
 
 def verification_records(output) -> dict:
     """{step: accuracy on val} from rank 0's metrics.jsonl."""

@@ -10,12 +10,13 @@ pi - m); the gradient of a class's cosine to the sub-center that gave it.
 import numpy as np
 import pytest
 
-from margin_golden import SETTINGS, check_scenario, register
+from margin_golden import assert_refused, check_scenario, register, scenarios
+
+pytestmark = pytest.mark.xdist_group("margin_run")   # with the others using conftest.margin_run (conftest.py)
 
 MARGINS = {"published": dict(s=64.0, m1=1.0, m2=0.5, m3=0.0, subcenters=3),
            "two-combined": dict(s=32.0, m1=1.0, m2=0.3, m3=0.1, subcenters=2)}
-SCENARIOS = {**{f"{m}-{s}": (m, s, 1) for m in MARGINS for s in SETTINGS},
-             "published-sampled-accum2": ("published", "sampled", 2)}
+SCENARIOS = scenarios(MARGINS, accumulated="published")
 
 
 class OfficialSubCenterArcFace:
@@ -45,8 +46,9 @@ class OfficialSubCenterArcFace:
         return self.s * out, self.s * dcos, None
 
 
-def near_a_subcenter(rng, w, world, K):
+def near_a_subcenter(rng, w, world, params):
     """Half the rows near one of their class's sub-centers (each may win), the rest random."""
+    K = params["subcenters"]
     n = 4 * world
     y = rng.integers(0, w.shape[0] // K, size=n)
     x = rng.normal(size=(n, w.shape[1]))
@@ -54,10 +56,8 @@ def near_a_subcenter(rng, w, world, K):
     return x * rng.uniform(0.5, 20.0, size=(n, 1)), y
 
 
-make_inputs = register("subcenter", {
-    name: ("subcenter-arcface", MARGINS[margin], setting, micro,
-           lambda rng, w, world, K=MARGINS[margin]["subcenters"]: near_a_subcenter(rng, w, world, K))
-    for name, (margin, setting, micro) in SCENARIOS.items()}, seed=500)
+make_inputs = register("subcenter", {name: ("subcenter-arcface", params) for name, params in MARGINS.items()},
+                       "published", near_a_subcenter, seed=500)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -80,11 +80,7 @@ def test_the_inputs_make_every_sub_center_win_somewhere():
 @pytest.mark.parametrize("field, kwargs", [("subcenters", dict(subcenters=0)), ("subcenters", dict(subcenters=2.5)),
                                            ("subcenters", dict(subcenters=True)), ("s", dict(s=-1.0))])
 def test_bad_parameters_are_refused_naming_the_field(field, kwargs):
-    from mxnet_pfc.head.margin import MarginParameterError, make_margin
-
-    with pytest.raises(MarginParameterError, match=rf"\b{field}\b") as error:
-        make_margin("subcenter-arcface", **kwargs)
-    assert error.value.param == field
+    assert_refused("subcenter-arcface", field, kwargs)
 
 
 def test_the_trainer_field_is_subcenter_k():

@@ -13,6 +13,8 @@ import pytest
 
 from launch import LEARNED_RUN, config_sh, run_command, small_synthetic_run
 
+pytestmark = pytest.mark.xdist_group("learned")      # with the others using conftest.learned (conftest.py)
+
 
 def launch(cmd, timeout, env=None):
     proc = run_command(cmd, timeout, env)

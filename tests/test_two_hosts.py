@@ -27,7 +27,8 @@ from two_hosts import HOST_A, HOST_B, INTERFACE, TwoHosts, unavailable_reason
 GLOO_TIMEOUT_S = 10      # horovodrun --gloo-timeout-seconds: the bound on noticing a silent peer
 
 reason = unavailable_reason()
-pytestmark = pytest.mark.skipif(reason is not None, reason=f"two-host test: {reason}")
+pytestmark = [pytest.mark.skipif(reason is not None, reason=f"two-host test: {reason}"),
+              pytest.mark.xdist_group("two_hosts")]      # with test_slurm.py: one veth pair at a time (conftest.py)
 
 
 @pytest.fixture
