@@ -53,10 +53,15 @@ HEADER = """\
 
 `make test-fast` runs the unit and single-process tests, what to run after
 each edit: a test that launches ranks (horovodrun, mpirun, config.sh, run.sh,
-the elastic supervisor, Slurm) is skipped where `launch.start_command` would
-start them (`MXNET_PFC_FAST_TESTS=1`). `make test` installs what is missing (see
-[docs/install.md](../docs/install.md)) and runs every test below with pytest;
-`.ci/run` runs `make test`. How long the suite takes is in
+the elastic supervisor, Slurm, bench_memory.py) is skipped where
+`launch.start_command` would start them (`MXNET_PFC_FAST_TESTS=1`), and so is
+a single-process test marked `slow` (pytest.ini). `make test` installs what is
+missing (see [docs/install.md](../docs/install.md)) and runs every test below
+with pytest; `.ci/run` runs `make test`. Both run on two pytest-xdist workers,
+a file at a time, the files that share one of the session's runs on one worker
+(`conftest.py`; `TEST_WORKERS=0` runs them in one process); the tests start
+ranks with Horovod's launcher less its Gloo-built check (`launch.horovodrun`).
+How long the suite takes is in
 [docs/benchmarks.md](../docs/benchmarks.md#the-test-suite). Tests that need
 something this machine may not allow (network namespaces for two hosts) skip
 and say why. Every multi-process test runs under a timeout that kills the whole

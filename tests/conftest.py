@@ -13,14 +13,6 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{layer}: {what}")
 
 
-def pytest_collection_modifyitems(items):
-    """Each test gets the marker of its file's layer: `pytest -m head` runs the head's tests."""
-    for item in items:
-        layer = LAYER_OF.get(item.path.name)
-        if layer is not None:
-            item.add_marker(layer)
-
-
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     """The uninterrupted 2-rank reference run: (data folder, output folder)."""
@@ -61,7 +53,8 @@ def margin_run(request, tmp_path_factory):
 
 @pytest.hookimpl(tryfirst=True)         # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The fast lane (make test-fast) skips the tests marked slow, as it skips those that launch ranks.
+    """Each test gets the marker of its file's layer (`pytest -m head` runs the head's tests), and the fast
+    lane (make test-fast) skips the tests marked slow, as it skips those that launch ranks.
 
     make test and make test-fast run the tests on two workers (pytest-xdist, --dist loadgroup), a group each
     at a time: a file is one group, so that its module fixtures are built once; the files that use one of the
@@ -69,6 +62,9 @@ def pytest_collection_modifyitems(config, items):
     worker, where it is built once, and so do test_slurm.py and test_two_hosts.py (two_hosts.TwoHosts' veth
     pair has one name)."""
     for item in items:
+        layer = LAYER_OF.get(item.path.name)
+        if layer is not None:
+            item.add_marker(layer)
         if not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if launch.FAST_LANE:
