@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 # The tests run on TEST_WORKERS pytest-xdist workers, a file (or the files sharing a session's run) each at a
 # time (tests/conftest.py); TEST_WORKERS=0 runs them in this one process.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning

@@ -57,7 +57,7 @@ the elastic supervisor, Slurm, bench_memory.py) is skipped where
 `launch.start_command` would start them (`MXNET_PFC_FAST_TESTS=1`), and so is
 a single-process test marked `slow` (pytest.ini). `make test` installs what is
 missing (see [docs/install.md](../docs/install.md)) and runs every test below
-with pytest; `.ci/run` runs `make test`. Both run on two pytest-xdist workers,
+with pytest; `.ci/run` runs `make test`. Both run on three pytest-xdist workers,
 a file at a time, the files that share one of the session's runs on one worker
 (`conftest.py`; `TEST_WORKERS=0` runs them in one process); the tests start
 ranks with Horovod's launcher less its Gloo-built check (`launch.horovodrun`).

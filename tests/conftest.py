@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config, items):
     """Each test gets the marker of its file's layer (`pytest -m head` runs the head's tests), and the fast
     lane (make test-fast) skips the tests marked slow, as it skips those that launch ranks.
 
-    make test and make test-fast run the tests on two workers (pytest-xdist, --dist loadgroup), a group each
+    make test and make test-fast run the tests on three workers (pytest-xdist, --dist loadgroup), a group each
     at a time: a file is one group, so that its module fixtures are built once; the files that use one of the
     session's costly runs (conftest.learned, conftest.margin_run) say so with an xdist_group mark and share a
     worker, where it is built once, and so do test_slurm.py and test_two_hosts.py (two_hosts.TwoHosts' veth
