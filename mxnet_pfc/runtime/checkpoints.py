@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field, fields
 from mxnet_pfc.runtime.errors import CheckpointError, quoted
 from mxnet_pfc.runtime.files import read_json, write_json
 
-# 3: state.json without the fields nobody read (network and seed are the configuration's); 2: optimizer-states.params
-# (arrays only); 1: MXNet's pickled optimizer.states
+# 4: a run of several sets (one head per set: extra_heads, their banks in set-S/); 3: state.json without the fields
+# nobody read (network and seed are the configuration's); 2: optimizer-states.params (arrays only); 1: MXNet's
+# pickled optimizer.states. A run of one set writes format 3, which earlier versions read.
 FORMAT_VERSION = 3
-READABLE_FORMATS = (1, 2, 3)
+SETS_FORMAT = 4
+READABLE_FORMATS = (1, 2, 3, 4)
 STATE_FILE = "state.json"
 STATE_BYTES = 64 << 20      # a state.json holds a shard per rank: a few KB at 10,000 ranks
 MODEL = "model"                                      # rank 0's backbone, MXNet's checkpoint PREFIX
@@ -41,6 +43,12 @@ def is_checkpoint(folder: str) -> bool:
 def aux_file(folder: str, rank: int) -> str:
     """Rank `rank`'s own BatchNorm statistics in a checkpoint folder."""
     return os.path.join(folder, f"aux-rank{rank:05d}.params")
+
+
+def head_folder(folder: str, set_index: int) -> str:
+    """Where set `set_index`'s memory bank lies in a checkpoint folder: set 0's (the only one of a run of
+    one set) in the folder itself, as format 3 has it; set S >= 1's in its set-S/ subfolder."""
+    return folder if set_index == 0 else os.path.join(folder, f"set-{set_index}")
 
 
 def folder_name(sequence: int, step: int) -> str:
@@ -113,6 +121,13 @@ class State:
     margin_state: object = None
     freeze_until_samples: "int | None" = None
     saved_at: str = ""
+    # sets 1, 2, ... of a run of several sets (format 4): [{"num_classes": n, "shards": [[first, count], ...]}]
+    # each, with set 0's embedding_size and subcenters; set 0's head is num_classes and shards above
+    extra_heads: list = field(default_factory=list)
+
+    def heads(self) -> "list[tuple[int, list]]":
+        """(num_classes, shards) of every set's head, set 0 first."""
+        return [(self.num_classes, self.shards)] + [(h["num_classes"], h["shards"]) for h in self.extra_heads]
 
     @property
     def network(self) -> str:
@@ -122,7 +137,8 @@ class State:
     @classmethod
     def of(cls, run: RunState, **checkpoint_fields) -> "State":
         """The state.json of a checkpoint being saved: the run's part, then the checkpoint's own."""
-        return cls(format=FORMAT_VERSION, **asdict(run), **checkpoint_fields)
+        several = bool(checkpoint_fields.get("extra_heads"))
+        return cls(format=SETS_FORMAT if several else FORMAT_VERSION, **asdict(run), **checkpoint_fields)
 
     def write(self, folder: str) -> None:
         write_json(os.path.join(folder, STATE_FILE), asdict(self))
@@ -151,19 +167,33 @@ class State:
                 wanted = kind.__name__ + (f" >= {least}" if least is not None else "")
                 raise CheckpointError(f"{file}: field {name!r} is {quoted(value)} (missing or damaged; "
                                       f"expected {wanted})")
-        shards = raw["shards"]
-        if (len(shards) != raw["world_size"]
-                or not all(isinstance(s, list) and len(s) == 2 and all(type(v) is int and v >= 0 for v in s)
-                           for s in shards)
-                or not tiles(shards, raw["num_classes"])):
-            raise CheckpointError(f"{file}: field 'shards' does not split {raw['num_classes']} classes over "
-                                  f"{raw['world_size']} ranks (rank r's [first class, count], contiguous from 0, "
-                                  f"none empty): {quoted(shards)}")
+        _check_shards(file, "shards", raw["shards"], raw["num_classes"], raw["world_size"])
+        extra = raw.get("extra_heads", [])
+        if not isinstance(extra, list) or (extra and raw["format"] != SETS_FORMAT):
+            raise CheckpointError(f"{file}: field 'extra_heads' is {quoted(extra)} (a list of the heads of sets "
+                                  f"1, 2, ..., in format {SETS_FORMAT} only)")
+        for number, head in enumerate(extra, start=1):
+            count = head.get("num_classes") if isinstance(head, dict) else None
+            if type(count) is not int or count < 1:
+                raise CheckpointError(f"{file}: extra_heads[{number - 1}] (set {number}) has num_classes "
+                                      f"{quoted(count)} (missing or damaged; expected int >= 1)")
+            _check_shards(file, f"extra_heads[{number - 1}].shards", head.get("shards"), count, raw["world_size"])
         known = {f.name for f in fields(cls)}
         values = {name: value for name, value in raw.items() if name in known}
         values.setdefault("samples_seen", raw["step"] * raw["global_batch"])
         values.setdefault("best", {})
         return cls(**values)
+
+
+def _check_shards(file: str, name: str, shards, num_classes: int, world_size: int) -> None:
+    """Refuse a head's shards that do not split its classes over the ranks (a resume would leave rows unset)."""
+    if (not isinstance(shards, list) or len(shards) != world_size
+            or not all(isinstance(s, list) and len(s) == 2 and all(type(v) is int and v >= 0 for v in s)
+                       for s in shards)
+            or not tiles(shards, num_classes)):
+        raise CheckpointError(f"{file}: field {name!r} does not split {num_classes} classes over "
+                              f"{world_size} ranks (rank r's [first class, count], contiguous from 0, "
+                              f"none empty): {quoted(shards)}")
 
 
 def tiles(shards: "list[list[int]]", num_classes: int) -> bool:
