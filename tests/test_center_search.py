@@ -14,10 +14,10 @@ def dense(a, b, k):
     return np.take_along_axis(cos, ids, 1), ids
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_blockwise_search_over_ranks_finds_what_a_dense_search_finds(tmp_path, world):
+@pytest.mark.parametrize("world,products", [(1, "numpy"), (2, "numpy"), (3, "numpy"), (2, "mxnet")])
+def test_blockwise_search_over_ranks_finds_what_a_dense_search_finds(tmp_path, world, products):
     """37 B classes in blocks of 4 rows (several blocks per rank's shard), k = 5; 6 B classes planted near
-    A classes are each A class's best match."""
+    A classes are each A class's best match. The products by NumPy, or by MXNet (a context's: a GPU's path)."""
     rng = np.random.default_rng(world)
     a = rng.normal(size=(50, 16)).astype(np.float32)
     b = rng.normal(size=(37, 16)).astype(np.float32)
@@ -25,7 +25,8 @@ def test_blockwise_search_over_ranks_finds_what_a_dense_search_finds(tmp_path, w
     for i, j in planted.items():
         b[j] = a[i] + 0.05 * rng.normal(size=16)
     np.savez(tmp_path / "in.npz", a=a, b=b)
-    proc = run_ranks(world, ["tests/center_search_worker.py", tmp_path / "in.npz", tmp_path, 5, 4], timeout=180)
+    proc = run_ranks(world, ["tests/center_search_worker.py", tmp_path / "in.npz", tmp_path, 5, 4, products],
+                     timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:]
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(world)]
     cos = np.concatenate([r["cos"] for r in ranks])

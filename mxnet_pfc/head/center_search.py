@@ -32,15 +32,28 @@ def merge_top(best_cos: np.ndarray, best_id: np.ndarray, cos: np.ndarray, ids: n
     return np.take_along_axis(all_cos, order, 1), np.take_along_axis(all_id, order, 1)
 
 
+def block_top(a: mx.nd.NDArray, block: np.ndarray, take: int) -> "tuple[np.ndarray, np.ndarray | None]":
+    """(cosines, their rows in the block) of the `take` best block rows for each row of `a`, computed on a's
+    context; every row (None) when `take` is the whole block."""
+    cos = mx.nd.dot(a, mx.nd.array(block, ctx=a.context), transpose_b=True)
+    if take == len(block):
+        return cos.asnumpy(), None          # a host sync point, as every block's is
+    values, rows = mx.nd.topk(cos, axis=1, k=take, ret_typ="both", dtype="int64")
+    return values.asnumpy(), rows.asnumpy()
+
+
 def most_similar(local_a: np.ndarray, local_b: np.ndarray, b_start: int, k: int, block_rows: int = 65536,
-                 progress: "Callable[[int], None] | None" = None) -> "tuple[np.ndarray, np.ndarray]":
+                 progress: "Callable[[int], None] | None" = None,
+                 ctx: "mx.Context | None" = None) -> "tuple[np.ndarray, np.ndarray]":
     """(cosines (n_a, k), B class ids (n_a, k)) of this rank's A rows' k most similar B classes, best first.
 
     Collective: every rank calls it, with its own shards; `b_start` is the class id of local_b's first row
     (B's shards are contiguous and in rank order, as the memory banks hold them). Fewer than k B classes in
-    all: the missing places hold cosine -inf and id -1."""
+    all: the missing places hold cosine -inf and id -1. With `ctx` (a GPU), each block's products and its
+    top k are computed there (the blocks still travel through host memory); without, by NumPy."""
     a = unit(local_a)
     width = a.shape[1]
+    a_on_ctx = mx.nd.array(a, ctx=ctx) if ctx is not None and len(a) else None
     shards = [(int(n), int(s)) for n, s in comm.gather_rows([len(local_b), b_start])]
     best_cos = np.full((len(a), k), -np.inf, dtype=np.float32)
     best_id = np.full((len(a), k), -1, dtype=np.int64)
@@ -51,11 +64,15 @@ def most_similar(local_a: np.ndarray, local_b: np.ndarray, b_start: int, k: int,
             block = mine[first:first + rows] if owner == comm.rank() else np.zeros((rows, width), np.float32)
             block = comm.broadcast(mx.nd.array(block, dtype="float32"), root_rank=owner,
                                    name=f"search.{owner}.{first}").asnumpy()
-            cos = a @ block.T
             take = min(k, rows)
-            if take < rows:             # the block's own top k first: the merge then sorts 2k per row
-                part = np.argpartition(-cos, take - 1, axis=1)[:, :take]
-                cos, ids = np.take_along_axis(cos, part, 1), part + start + first
+            if a_on_ctx is not None:
+                cos, part = block_top(a_on_ctx, block, take)
+            else:
+                cos = a @ block.T
+                part = np.argpartition(-cos, take - 1, axis=1)[:, :take] if take < rows else None
+                cos = np.take_along_axis(cos, part, 1) if part is not None else cos
+            if part is not None:        # the block's own top k first: the merge then sorts 2k per row
+                ids = part + start + first
             else:
                 ids = np.broadcast_to(np.arange(start + first, start + first + rows), cos.shape)
             best_cos, best_id = merge_top(best_cos, best_id, cos, ids, k)

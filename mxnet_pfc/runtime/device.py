@@ -166,10 +166,11 @@ def choose_context(kind: str, local_rank: int, gpus: "list | None" = None):
     return mx.gpu(local_rank % count)
 
 
-def add_context_option(parser) -> None:
-    """--context of the commands that run a saved model (verify, embed, ijb); see choose_context."""
+def add_context_option(parser, what: str = "run the model") -> None:
+    """--context of the commands that run a saved model (verify, embed, ijb) or compute on one (`what` they
+    do there); see choose_context."""
     parser.add_argument("--context", choices=["auto", "cpu", "gpu"], default="auto",
-                        help="where to run the model: auto takes the first GPU MXNet sees (stopping with the "
+                        help=f"where to {what}: auto takes the first GPU MXNet sees (stopping with the "
                              "reason if the MXNet wheel has no kernels for it), else the CPU; gpu stops with the "
                              "reason when there is none (default: %(default)s)")
 
