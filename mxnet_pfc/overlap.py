@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc.clean import checkpoint_of
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.folders import scan
 from mxnet_pfc.data.records import RecordWriter, open_records, unpack_image_record
@@ -52,6 +51,7 @@ from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.options import positive_int
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger("mxnet_pfc.overlap")
 # Two centers of the same person, trained in two heads, both lie near that person's mean embedding: cosines of
@@ -93,6 +93,17 @@ class SetHead:
 
     def describe(self) -> str:
         return f"set {self.index} ({self.source or 'source not recorded'}, {self.num_classes:,} classes)"
+
+
+def checkpoint_of(run: str) -> str:
+    """The checkpoint RUN names: itself, or a run folder's latest (as clean.checkpoint_of: a command may not
+    import another; its home would be runtime/checkpoints.py)."""
+    if checkpoints.is_checkpoint(run):
+        return run
+    newest = checkpoints.latest(RunFolder(run).checkpoints)
+    if newest is None:
+        raise OverlapError(f"{run}: neither a checkpoint folder (state.json) nor a run folder with checkpoints/")
+    return newest.path
 
 
 def sources(config: dict) -> "list[str]":

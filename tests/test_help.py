@@ -9,7 +9,8 @@ from launch import REPO
 
 COMMANDS = ["mxnet_pfc.train", "mxnet_pfc.export", "mxnet_pfc.embed", "mxnet_pfc.verify", "mxnet_pfc.ijb",
             "mxnet_pfc.onnx_check", "mxnet_pfc.plan", "mxnet_pfc.data.pack", "mxnet_pfc.data.check",
-            "mxnet_pfc.data.synthetic", "mxnet_pfc.elastic", "mxnet_pfc.doctor", "mxnet_pfc.runtime.slurm",
+            "mxnet_pfc.data.synthetic", "mxnet_pfc.elastic", "mxnet_pfc.doctor", "mxnet_pfc.clean",
+            "mxnet_pfc.overlap", "mxnet_pfc.runtime.slurm",
             "bench_head", "bench_train", "bench_memory", "half_centers"]
 
 
