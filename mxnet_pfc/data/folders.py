@@ -223,11 +223,12 @@ def index_problem(saved: dict, folders: "set[str]") -> str:
     return ""
 
 
-def load_index(root: str, output: str, write: bool) -> FolderIndex:
-    """ROOT's index from OUTPUT/images-index.json when it still matches ROOT, else a new listing
-    (written there when `write`: rank 0 only, atomically, so ranks never read half a file)."""
+def load_index(root: str, output: str, write: bool, set_number: int = 0) -> FolderIndex:
+    """ROOT's index from OUTPUT/images-index.json (set S >= 1 of several: images-index-set-S.json) when it
+    still matches ROOT, else a new listing (written there when `write`: rank 0 only, atomically, so ranks
+    never read half a file)."""
     root = os.path.abspath(root)
-    path = RunFolder(output).images_index
+    path = RunFolder(output).images_index_of(set_number)
     folders = identity_folders(root)
     current = fingerprint(folders)
     saved = None

@@ -58,6 +58,30 @@ def stated_classes(rec_path: str) -> "tuple[int | None, str]":
     return records.num_identities, f"{rec_path} (header record)"
 
 
+class TrainingSet(NamedTuple):
+    """One set a run trains on: a RecordIO set (kind 'rec', the path of train.rec) or an image folder
+    (kind 'images', ROOT/<identity>/<image>)."""
+    kind: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.path}"
+
+
+SET_KINDS = ("rec", "images")
+
+
+def training_sets(rec: str, images: str, extra_sets: "tuple[str, ...]" = ()) -> "list[TrainingSet]":
+    """Every set of a run, set 0 first: --rec or --images, then the extra sets, each written KIND:PATH."""
+    sets = [TrainingSet("rec", rec)] if rec else [TrainingSet("images", images)] if images else []
+    for text in extra_sets:
+        kind, _, path = str(text).partition(":")
+        if kind not in SET_KINDS or not path:
+            raise DataError(f"set {text!r}: expected rec:PATH or images:PATH")
+        sets.append(TrainingSet(kind, path))
+    return sets
+
+
 class Batch(NamedTuple):
     data: mx.nd.NDArray
     labels: np.ndarray
@@ -138,6 +162,11 @@ class ShardedIter:
     @property
     def num_images(self) -> int:
         return len(self.source)
+
+    @property
+    def sources(self) -> list:
+        """The images of each set trained (one here; SetsIter has several)."""
+        return [self.source]
 
     def _load(self, args) -> "tuple[np.ndarray, float]":
         position, mirror = args
@@ -237,6 +266,7 @@ class DummyIter:
     """
 
     source = None       # no images to read by position
+    sources = [None]
 
     def __init__(self, batch_size: int, num_classes: int, rank: int = 0, seed: int = 0,
                  image_size: "tuple[int, int]" = (FACE_SIZE, FACE_SIZE), steps_per_epoch: int = 1000,
@@ -293,10 +323,11 @@ class SetsIter:
     proportion to the sets' sizes (the default) their epochs are about as long. seek(step) positions every
     set at that step of its own order, so a resumed run reads what it would have read.
     """
-    source = None       # the images are the sets': `sets`
+    source = None       # the images are the sets': `sources`
 
     def __init__(self, sets: "list[ShardedIter]", micro_batches: int = 1):
         self.sets, self.micro_batches = list(sets), micro_batches
+        self.sources = [it.source for it in self.sets]
         self.rows = [it.batch_size for it in self.sets]
         self.steps_per_epoch = max(it.steps_per_epoch for it in self.sets)
         self._step = 0
@@ -329,13 +360,17 @@ class SetsIter:
             it.close()
 
 
-TrainingData = Union["RecordIter", "FolderIter", "DummyIter"]      # what open gives: one interface
+TrainingData = Union["RecordIter", "FolderIter", "DummyIter", "SetsIter"]      # what open gives: one interface
 
 
-def open(cfg, rank: int, world: int, index=None) -> TrainingData:
+def open(cfg, rank: int, world: int, index=None, extra_indexes: "dict | None" = None) -> TrainingData:
     """This rank's training batches for configuration `cfg`: its --rec set, its --images folder (`index`,
-    folders.load_index's), or random tensors standing for cfg.num_images images."""
+    folders.load_index's), or random tensors standing for cfg.num_images images; with extra sets, every
+    set's rows of each batch (SetsIter; `extra_indexes`: set number -> index of each --images set after
+    the first)."""
     options = dict(seed=cfg.seed, image_size=(cfg.image_size, cfg.image_size), micro_batches=cfg.grad_accum)
+    if cfg.extra_sets:
+        return open_sets(cfg, rank, world, {0: index, **(extra_indexes or {})}, options)
     if cfg.rec:
         return RecordIter(cfg.rec, cfg.batch_size, cfg.num_classes, rank, world, threads=cfg.decode_threads,
                           **options)
@@ -344,3 +379,28 @@ def open(cfg, rank: int, world: int, index=None) -> TrainingData:
     return DummyIter(cfg.batch_size, cfg.num_classes, rank,
                      steps_per_epoch=steps_in_epoch(cfg.num_images, cfg.batch_size, world, cfg.grad_accum),
                      num_images=cfg.num_images, **options)
+
+
+def open_sets(cfg, rank: int, world: int, indexes: dict, options: dict) -> SetsIter:
+    """Several sets as one batch: each set's rows of every rank's batch (rows_per_set of the sets' image
+    counts or cfg.set_shares), each set read by its own iterator with its own class count."""
+    sets = training_sets(cfg.rec, cfg.images, cfg.extra_sets)
+    classes = [cfg.num_classes, *cfg.extra_classes]
+    sources = [RecordSource(spec.path) if spec.kind == "rec" else indexes[number]
+               for number, spec in enumerate(sets)]
+    rows = rows_per_set(cfg.batch_size, [len(source) for source in sources], list(cfg.set_shares) or None)
+    iters = []
+    try:
+        for source, count, num_classes in zip(sources, rows, classes):
+            if isinstance(source, RecordSource):
+                check_identity_count(source.records, num_classes)
+            elif source.num_classes > num_classes:
+                raise DataError(f"{source.root}: holds {source.num_classes} identity folders, "
+                                f"more than its class count {num_classes}")
+            iters.append(ShardedIter(source, count, num_classes, rank, world, threads=cfg.decode_threads,
+                                     **options))
+    except BaseException:
+        for it in iters:
+            it.close()
+        raise
+    return SetsIter(iters, cfg.grad_accum)

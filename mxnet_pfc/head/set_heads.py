@@ -36,6 +36,14 @@ class SetHeads:
         for head, weight in zip(self.heads, self.weights):
             head.loss_weight = weight        # scales the embeddings' gradient and the centers'
 
+    def __repr__(self) -> str:
+        return "; ".join(f"set {number}: {head}, {rows} rows of each rank's batch, loss weight {weight:g}"
+                         for number, (head, rows, weight) in enumerate(zip(self.heads, self.rows, self.weights)))
+
+    @property
+    def embedding_size(self) -> int:
+        return self.heads[0].embedding_size
+
     @property
     def batch_rows(self) -> int:
         """Rows of each rank's batch: the sets' rows together."""
@@ -66,3 +74,8 @@ class SetHeads:
             grads.append(grad)
             start += count
         return total, nd.concat(*grads, dim=0)
+
+
+def heads_of(head: "PartialFC | SetHeads") -> "list[PartialFC]":
+    """The heads of a run's sets, set 0 first: a SetHeads' heads, or a single PartialFC."""
+    return list(head.heads) if isinstance(head, SetHeads) else [head]

@@ -92,7 +92,11 @@ class RunFolder:
     @property
     def images_index(self) -> str:
         """The cached listing of an --images folder (data/folders.py): a cache, kept by --start_over."""
-        return self._path("images-index.json")
+        return self.images_index_of(0)
+
+    def images_index_of(self, set_number: int) -> str:
+        """The cached listing of set `set_number`'s --images folder (set 0: images_index)."""
+        return self._path("images-index.json" if set_number == 0 else f"images-index-set-{set_number}.json")
 
     @property
     def model_files(self) -> ModelFiles:

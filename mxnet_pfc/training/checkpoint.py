@@ -58,12 +58,16 @@ def take_snapshot(module) -> BackboneSnapshot:
     return BackboneSnapshot(arg_params, aux_params, _average(arg_params, "ckpt.arg"), _average(aux_params, "ckpt.aux"))
 
 
-def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbol, state: checkpoints.RunState,
-         keep: int, backbone: "BackboneSnapshot | None" = None) -> str:
+def save(root: str, step: int, *, module, banks: "list[MemoryBank]", symbol: mx.sym.Symbol,
+         state: checkpoints.RunState, keep: int, backbone: "BackboneSnapshot | None" = None,
+         extra_margin_states: "list[dict] | None" = None) -> str:
     """Write the checkpoint of `step` (all ranks call this together); returns its folder.
 
     `state` holds the run's own fields; the checkpoint's (step, world size,
     shards, format ...) are added here, and state.json is written once, last.
+    `banks` are the memory banks of the run's sets, set 0 first (one for a run
+    of one set); set S >= 1's go into the folder's set-S/ with its margin's
+    statistics (`extra_margin_states`) in state.json's extra_heads.
     `backbone` is the snapshot to save (taken here if not given).
     Any rank's failure raises on every rank, and the checkpoint is then not
     published: its partial folder is removed.
@@ -83,15 +87,18 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
     with comm.fail_together(f"preparing checkpoint {tmp}"):
         if rank == 0:
             os.makedirs(tmp)
+            for number in range(1, len(banks)):
+                os.makedirs(checkpoints.head_folder(tmp, number))
     started = time.time()
     backbone = backbone or take_snapshot(module)
-    shards = comm.gather_rows([bank.class_start, bank.num_local])
-    explain = lambda error: _explain_write_error(error, root, final, rank, bank, backbone)  # noqa: E731
+    shards = [[[int(a), int(b)] for a, b in comm.gather_rows([bank.class_start, bank.num_local])] for bank in banks]
+    explain = lambda error: _explain_write_error(error, root, final, rank, banks, backbone)  # noqa: E731
     with _discarded_on_failure(f"writing checkpoint {tmp}", tmp, rank, explain):
         if not os.path.isdir(tmp):
             raise CheckpointError(f"rank {rank} cannot see {tmp}, which rank 0 created: the output folder must be "
                                   "on a filesystem that every rank shares")
-        written = bank.save(tmp)
+        written = [path for number, bank in enumerate(banks)
+                   for path in bank.save(checkpoints.head_folder(tmp, number))]
         aux = checkpoints.aux_file(tmp, rank)
         mx.nd.save(aux, backbone.aux_params)
         written.append(aux)
@@ -106,15 +113,19 @@ def save(root: str, step: int, *, module, bank: MemoryBank, symbol: mx.sym.Symbo
             _fsync(path)
     with _discarded_on_failure(f"publishing checkpoint {final}", tmp, rank, explain):
         if rank == 0:
-            missing = [os.path.basename(path) for r in range(world) for path in shard_files(tmp, r).values()
+            missing = [os.path.relpath(path, tmp) for number in range(len(banks)) for r in range(world)
+                       for path in shard_files(checkpoints.head_folder(tmp, number), r).values()
                        if not os.path.exists(path)]
             if missing:
                 raise CheckpointError(f"rank 0 cannot see {', '.join(missing[:4])} in {tmp}: the output folder "
                                       "must be on a filesystem that every rank shares")
-            checkpoints.State.of(state, sequence=sequence, step=step, world_size=world, num_classes=bank.num_classes,
-                     embedding_size=bank.embedding_size, subcenters=bank.subcenters,
-                     shards=[[int(a), int(b)] for a, b in shards],
-                     saved_at=time.strftime("%Y-%m-%d %H:%M:%S")).write(tmp)
+            margins = extra_margin_states or [{} for _ in banks[1:]]
+            extra_heads = [{"num_classes": bank.num_classes, "shards": shards[number], "margin_state": margin}
+                           for number, (bank, margin) in enumerate(zip(banks[1:], margins), start=1)]
+            first = banks[0]
+            checkpoints.State.of(state, sequence=sequence, step=step, world_size=world, num_classes=first.num_classes,
+                                 embedding_size=first.embedding_size, subcenters=first.subcenters, shards=shards[0],
+                                 saved_at=time.strftime("%Y-%m-%d %H:%M:%S"), extra_heads=extra_heads).write(tmp)
             os.replace(tmp, final)
             for old in checkpoints.list_checkpoints(root)[:-keep] if keep > 0 else []:     # never the one just written
                 shutil.rmtree(old.path, ignore_errors=True)
@@ -140,14 +151,14 @@ def _discarded_on_failure(what: str, tmp: str, rank: int, explain):
         raise
 
 
-def _explain_write_error(error: BaseException, root: str, final: str, rank: int, bank: MemoryBank,
+def _explain_write_error(error: BaseException, root: str, final: str, rank: int, banks: "list[MemoryBank]",
                          backbone: BackboneSnapshot) -> BaseException:
     """A failed write, said plainly: on a full disk, how much was needed and free, and what is still safe."""
     try:
         free = shutil.disk_usage(root).free
     except OSError:
         free = None
-    per_rank = bank.nbytes + sum(v.size * 4 for v in backbone.aux_params.values())
+    per_rank = sum(bank.nbytes for bank in banks) + sum(v.size * 4 for v in backbone.aux_params.values())
     params = sum(v.size * 4 for v in list(backbone.arg_params.values()) + list(backbone.aux_params.values()))
     needed = per_rank + (3 * params if rank == 0 else 0)       # model, model-average, optimizer states
     # MXNet's own writers (the .params files) say only "FileStream.Write incomplete" on a full disk

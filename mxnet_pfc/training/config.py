@@ -36,13 +36,14 @@ import argparse
 import dataclasses
 import glob
 import logging
+import math
 import os
 import textwrap
 from dataclasses import dataclass, fields
 
 import symbols
 from mxnet_pfc.data.faces import FACE_SIZE
-from mxnet_pfc.data.iterators import count_classes, stated_classes
+from mxnet_pfc.data.iterators import DataError, count_classes, stated_classes, training_sets
 from mxnet_pfc.head import margin
 from mxnet_pfc.runtime.errors import ConfigError, quoted
 from mxnet_pfc.runtime.files import write_json
@@ -65,7 +66,10 @@ class Config:
     recipe: str = ""        # '' = chosen from the data (RECIPE_FOR_OWN_DATA, or the --dataset preset's)
     rec: str = ""
     images: str = ""
+    extra_sets: tuple = ()      # sets 2, 3, ... as "rec:PATH" / "images:PATH" (--rec, --images given again)
     num_classes: int = 0
+    extra_classes: tuple = ()   # their class counts, read from them (as num_classes)
+    set_shares: tuple = ()
     num_images: int = 0
     val_targets: tuple = ()
     ijb_targets: tuple = ()
@@ -83,6 +87,7 @@ class Config:
     teacher: str = ""
     distill_weight: float = 1.0
     loss: str = "arcface"
+    set_weights: tuple = ()
     # margin_s .. subcenter_k (MARGIN_FIELDS), in this place and order: each added as a line `NAME: TYPE = DEFAULT`
     # would add it, to the class body's annotations and values (what @dataclass reads)
     __annotations__.update({name: f.type for name, f in MARGIN_FIELDS.items()})
@@ -194,16 +199,18 @@ PRESET_FIELDS = {"recipe": RECIPES, "dataset": DATASETS, "network": NETWORKS, "l
 # What a --dataset preset says about its own data set. Naming your own set with
 # --rec or --images drops all of them: its class count, verification pairs and generation
 # settings describe the preset's set, not yours (the rest of the preset applies).
-DATA_FIELDS = ("rec", "images", "num_classes", "num_images", "val_targets", "synthetic_identities",
-               "synthetic_images_per_identity", "synthetic_val_pairs")
+DATA_FIELDS = ("rec", "images", "extra_sets", "num_classes", "extra_classes", "num_images", "val_targets",
+               "synthetic_identities", "synthetic_images_per_identity", "synthetic_val_pairs")
 
 # The groups of --help, in order: every field of Config in exactly one (checked below).
 SECTIONS = {
-    "data": ("dataset", "recipe", "rec", "images", "num_classes", "num_images", "image_size",
+    "data": ("dataset", "recipe", "rec", "images", "extra_sets", "num_classes", "extra_classes", "set_shares",
+             "num_images", "image_size",
              "synthetic_identities", "synthetic_images_per_identity", "decode_threads"),
     "backbone": ("network", "network_output", "embedding_size", "dropout", "fp16", "pretrained", "teacher",
                  "distill_weight"),
-    "head and loss": ("loss", *MARGIN_FIELDS, "sample_rate", "interclass_filtering_threshold", "init_centers"),
+    "head and loss": ("loss", "set_weights", *MARGIN_FIELDS, "sample_rate", "interclass_filtering_threshold",
+                      "init_centers"),
     "optimisation (both optimizers)": ("batch_size", "grad_accum", "lr", "lr_base_batch", "momentum",
                                        "weight_decay", "lr_schedule", "num_epoch", "decay_epochs", "lr_factor",
                                        "warmup_epochs", "poly_power", "max_update", "freeze_backbone_steps"),
@@ -234,9 +241,18 @@ FIELD_HELP = {
               "a name of RECIPES, each from a named source; '' chooses from the data: the --dataset preset's, "
               "arcface_torch-ms1mv3_r50 for your own --rec/--images. Presets and options given override it.",
     "rec": "Path of train.rec of an InsightFace RecordIO set (train.idx beside it); '' trains on random "
-           "tensors (speed runs). Giving it drops the preset's data fields.",
+           "tensors (speed runs). Giving it drops the preset's data fields. Given more than once (and mixed "
+           "with --images), each set trains its own head under one backbone (docs/training.md, several sets).",
     "images": "Folder ROOT/<identity>/<image> to train on without packing (sorted folder names are class ids "
-              "0..C-1); the file list is cached in OUTPUT/images-index.json. Not together with --rec.",
+              "0..C-1); the file list is cached in OUTPUT/images-index.json. Repeatable, as --rec.",
+    "extra_sets": "The sets after the first, in order, as rec:PATH or images:PATH, comma-separated: what giving "
+                  "--rec or --images more than once fills in (config.json records it).",
+    "extra_classes": "Class counts of the sets after the first, comma-separated; '' reads each from its set "
+                     "(as num_classes).",
+    "set_shares": "Several sets: each set's share of every batch, comma-separated (e.g. 3,1); '' in proportion "
+                  "to the sets' image counts. Every rank's batch holds the stated rows of each set, every step.",
+    "set_weights": "Several sets: each set's loss weight, comma-separated; '' weights each 1. The loss is the "
+                   "weighted sum of each set's mean Partial FC loss.",
     "num_classes": "Number of identities (classes); 0 reads it from the set (property file, header record or "
                    "folder count). Given, it may not be below the count the set states.",
     "num_images": "Images per epoch of the dummy iterator (--rec ''); a real set's count is read from it.",
@@ -341,6 +357,16 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
+class _SetOption(argparse.Action):
+    """--rec and --images, each repeatable: every set given, in order, in namespace.training_sets; the
+    field keeps the first of its kind (parse_args makes the first set set 0 and the others extra_sets)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.training_sets = [*getattr(namespace, "training_sets", []), (self.dest, value)]
+        if getattr(namespace, self.dest) is None:
+            setattr(namespace, self.dest, value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mxnet_pfc.train",
@@ -363,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
                 help_text += f" ({PRESET_DEFAULTS[f.name]!r} with the default presets)"
             help_text += "."
             group.add_argument(f"--{f.name}", type=lambda text, kind=kind: _parse_value(kind, text),
-                               default=None, metavar=kind.__name__.upper(), help=help_text)
+                               default=None, metavar=kind.__name__.upper(), help=help_text,
+                               **({"action": _SetOption} if f.name in ("rec", "images") else {}))
+    parser.set_defaults(training_sets=[])
     return parser
 
 
@@ -401,11 +429,15 @@ def make_config(overrides: "dict | None" = None) -> Config:
                           f"{', '.join(sorted(loss_fields - {'loss'}))})")
     if values["synthetic_identities"] and not values["num_classes"]:     # a generated set has one class per identity
         values["num_classes"] = values["synthetic_identities"]
-    try:
-        values["decay_epochs"] = tuple(float(v) for v in values["decay_epochs"])
-    except ValueError:
-        raise ConfigError(f"decay_epochs = {','.join(map(str, values['decay_epochs']))}: expected epochs as "
-                          "numbers, comma-separated (e.g. 8,14)") from None
+    for name, kind, example in (("decay_epochs", float, "epochs as numbers, comma-separated (e.g. 8,14)"),
+                                ("set_weights", float, "one number per set, comma-separated (e.g. 1,0.5)"),
+                                ("set_shares", float, "one number per set, comma-separated (e.g. 3,1)"),
+                                ("extra_classes", int, "one class count per extra set, comma-separated")):
+        try:
+            values[name] = tuple(kind(v) for v in values[name])
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} = {','.join(map(str, values[name]))}: expected {example}") from None
+    values["extra_sets"] = tuple(str(v) for v in values["extra_sets"])
     values["val_targets"] = tuple(str(v) for v in values["val_targets"])
     if (values["rec"] or values["images"]) and "val_targets" not in overrides and \
             ("rec" in overrides or "images" in overrides):
@@ -445,9 +477,13 @@ def data_name(overrides: dict, values: dict) -> str:
     --images mine/ -> mine), else the --dataset name."""
     if not _own_data(overrides):
         return values["dataset"]
-    if values["images"]:
-        return os.path.basename(os.path.normpath(os.path.abspath(values["images"])))
-    return os.path.basename(os.path.dirname(os.path.abspath(values["rec"]))) or "data"
+    try:
+        sets = training_sets(values["rec"], values["images"], values["extra_sets"])
+    except DataError as error:
+        raise ConfigError(f"extra_sets: {error}") from None
+    names = [os.path.basename(os.path.normpath(os.path.abspath(spec.path))) if spec.kind == "images"
+             else os.path.basename(os.path.dirname(os.path.abspath(spec.path))) or "data" for spec in sets]
+    return "+".join(names)      # several sets: a+b
 
 
 INIT_RANDOM, INIT_IMPRINT = "random", "imprint"     # --init_centers: these, or the path of a folder of centers
@@ -484,7 +520,29 @@ def validate(config: Config) -> None:
     require(config.distill_weight >= 0, "distill_weight", "must be non-negative")
     require(config.freeze_backbone_steps >= 0, "freeze_backbone_steps", "must be non-negative (0: no freeze)")
     require(not (config.rec and config.images), "images",
-            f"--images and --rec ({quoted(config.rec)}) name two training sets: give one")
+            f"--images and --rec ({quoted(config.rec)}) are both set 0: give further sets by repeating "
+            "--rec/--images (extra_sets)")
+    try:
+        sets = training_sets(config.rec, config.images, config.extra_sets)
+    except DataError as error:
+        raise ConfigError(f"extra_sets: {error}") from None
+    several = len(config.extra_sets) > 0
+    require(not several or config.rec or config.images, "extra_sets",
+            "sets after the first need a first one (--rec or --images)")
+    require(len({os.path.realpath(spec.path) for spec in sets}) == len(sets), "extra_sets",
+            "names a set twice: each set trains one head")
+    require(not config.extra_classes or len(config.extra_classes) == len(config.extra_sets), "extra_classes",
+            f"one class count per set after the first ({len(config.extra_sets)}), or '' to read them")
+    require(all(n >= 1 for n in config.extra_classes), "extra_classes", "each must be at least 1")
+    for name in ("set_weights", "set_shares"):
+        values = getattr(config, name)
+        require(not values or (several and len(values) == len(sets)), name,
+                f"one number per set ({len(sets)} set(s)), given with several sets (repeat --rec/--images)")
+        require(all(math.isfinite(v) and v > 0 for v in values), name, "each must be a positive number")
+    require(not (several and config.init_centers not in INIT_CENTERS), "init_centers",
+            "a folder of centers is one set's: with several sets start them at random or imprint each set's")
+    require(not (several and config.synthetic_identities), "synthetic_identities",
+            "generates one set: generate each set first (python -m mxnet_pfc.data.synthetic), then train on them")
     require(config.num_classes >= 1 or ((config.rec or config.images) and config.num_classes == 0), "num_classes",
             "must be at least 1 (0, read from the set, needs --rec or --images)")
     require(AUTO_VAL not in config.val_targets or (len(config.val_targets) == 1 and (config.rec or config.images)),
@@ -556,8 +614,18 @@ def margin_of(config: Config, seed: "int | None" = None) -> margin.Margin:
 
 def parse_args(argv=None) -> Config:
     """The Config for a command line; argparse or ConfigError messages name the field."""
-    args = build_parser().parse_args(argv)
-    return make_config(vars(args))
+    values = vars(build_parser().parse_args(argv))
+    given = values.pop("training_sets")
+    if len(given) > 1:          # several sets: the first is set 0 (rec or images), the others extra_sets
+        if values.get("extra_sets"):
+            raise ConfigError("extra_sets: give the sets either by repeating --rec/--images or as --extra_sets")
+        empty = [f"--{kind}" for kind, path in given if not path]
+        if empty:
+            raise ConfigError(f"{', '.join(empty)} '': with several sets every --rec/--images names a set")
+        (kind, path), rest = given[0], given[1:]
+        values["rec"], values["images"] = (path, None) if kind == "rec" else (None, path)
+        values["extra_sets"] = tuple(f"{kind}:{path}" for kind, path in rest)
+    return make_config(values)
 
 
 def save(config: Config, path: str) -> None:
@@ -636,10 +704,11 @@ def _short_value(value) -> str:
 
 # ---- the configuration completed from the data, on each rank before any collective (DESIGN 4.5) ----
 
-def resolve_config(cfg: Config, world: int, index=None) -> Config:
-    """The configuration completed from the data (num_classes, val_targets 'auto') and checked against
-    the world size. `index` is the data.folders.FolderIndex of --images."""
-    cfg = resolve_classes(resolve_network(cfg), index)
+def resolve_config(cfg: Config, world: int, index=None, extra_indexes: "dict | None" = None) -> Config:
+    """The configuration completed from the data (num_classes, extra_classes, val_targets 'auto') and checked
+    against the world size. `index` is the data.folders.FolderIndex of --images (set 0), `extra_indexes`
+    those of the --images sets after it (set number -> index)."""
+    cfg = resolve_extra_classes(resolve_classes(resolve_network(cfg), index), extra_indexes or {})
     if cfg.val_targets == (AUTO_VAL,):
         folder = cfg.images or os.path.dirname(cfg.rec) or "."
         found = tuple(sorted(glob.glob(os.path.join(glob.escape(folder), "*.bin"))))
@@ -649,6 +718,10 @@ def resolve_config(cfg: Config, world: int, index=None) -> Config:
     if cfg.num_classes < world:
         raise ConfigError(f"num_classes = {cfg.num_classes} is below the number of ranks ({world}): "
                                      f"every rank must own at least one class; use at most {cfg.num_classes} ranks")
+    for number, count in enumerate(cfg.extra_classes, start=1):
+        if count < world:
+            raise ConfigError(f"set {number} ({cfg.extra_sets[number - 1]}) has {count} classes, below the number "
+                              f"of ranks ({world}): every rank must own at least one class of each set")
     return cfg
 
 
@@ -668,28 +741,49 @@ def resolve_network(cfg: Config) -> Config:
 
 
 def resolve_classes(cfg: Config, index=None) -> Config:
-    """num_classes from the set when not given; a given one may not be below the count the set states.
-
-    Below it, the set's labels would fall outside the head's classes: refused.
-    Above it, the extra classes have no images (a larger head on a small set,
-    as the tests and speed runs use): said in the log, kept as given.
-    """
+    """num_classes from set 0 when not given, or the given one checked against it (classes_of_set)."""
     if index is not None:
         stated, source = index.num_classes, f"{cfg.images} ({index.num_classes} identity folders with images)"
     elif cfg.rec and cfg.synthetic_identities == 0:        # a generated set is made to match num_classes
         stated, source = stated_classes(cfg.rec)
     else:
         return cfg
-    if cfg.num_classes == 0:
+    return dataclasses.replace(cfg, num_classes=classes_of_set(cfg.num_classes, stated, source, cfg.rec,
+                                                               "num_classes"))
+
+
+def resolve_extra_classes(cfg: Config, indexes: dict) -> Config:
+    """extra_classes from the sets after the first (or the given ones checked against them, as num_classes)."""
+    if not cfg.extra_sets:
+        return cfg
+    given = cfg.extra_classes or (0,) * len(cfg.extra_sets)
+    counts = []
+    for number, (spec, count) in enumerate(zip(training_sets("", "", cfg.extra_sets), given), start=1):
+        if spec.kind == "images":
+            index = indexes[number]
+            stated, source = index.num_classes, f"{spec.path} ({index.num_classes} identity folders with images)"
+        else:
+            stated, source = stated_classes(spec.path)
+        counts.append(classes_of_set(count, stated, source, spec.path, f"extra_classes (set {number})"))
+    return dataclasses.replace(cfg, extra_classes=tuple(counts))
+
+
+def classes_of_set(given: int, stated: "int | None", source: str, rec: str, name: str) -> int:
+    """A set's class count: the one it states when none is given (0); a given one may not be below it.
+
+    Below it, the set's labels would fall outside the head's classes: refused.
+    Above it, the extra classes have no images (a larger head on a small set,
+    as the tests and speed runs use): said in the log, kept as given.
+    """
+    if given == 0:
         if stated is None:
-            count_classes(cfg.rec)        # raises: the set is missing, or states no count
-        log.info(f"num_classes = {stated}, read from the set {source}")
-        return dataclasses.replace(cfg, num_classes=stated)
-    if stated is not None and stated > cfg.num_classes:
-        raise ConfigError(f"num_classes = {cfg.num_classes} was given, but the set states {stated} "
-                                     f"identities ({source}): leave --num_classes out to use the set's count")
-    if stated is not None and stated < cfg.num_classes:
-        log.warning(f"num_classes = {cfg.num_classes} was given, but the set states {stated} identities ({source}): "
-                    f"the {cfg.num_classes - stated} classes above them have no images (leave --num_classes out to "
-                    f"use the set's count)")
-    return cfg
+            count_classes(rec)        # raises: the set is missing, or states no count
+        log.info(f"{name} = {stated}, read from the set {source}")
+        return stated
+    if stated is not None and stated > given:
+        raise ConfigError(f"{name} = {given} was given, but the set states {stated} identities ({source}): "
+                          f"leave it out to use the set's count")
+    if stated is not None and stated < given:
+        log.warning(f"{name} = {given} was given, but the set states {stated} identities ({source}): "
+                    f"the {given - stated} classes above them have no images (leave it out to use the set's count)")
+    return given

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 import symbols
+from mxnet_pfc.head.set_heads import heads_of
 from mxnet_pfc.models.inference import load_backbone
 from mxnet_pfc.runtime import checkpoints
 from mxnet_pfc.runtime.checkpoints import State
@@ -35,6 +36,8 @@ class Resume:
     changes: "tuple[str, ...]" = ()    # what differs from the checkpoint's run, and what the resume does about it
     margin_state: "dict | None" = None  # the margin's running statistics to continue (None: start afresh)
     projection: "mx.nd.NDArray | None" = None   # the distillation's learned projection to continue (None: afresh)
+    # sets 1, 2, ... of a run of several sets: each head's margin statistics to continue (None: afresh)
+    extra_margin_states: "tuple[dict | None, ...]" = ()
 
 
 def read(cfg, run: RunFolder, rank: int, world: int, symbol: mx.sym.Symbol, steps_per_epoch: int,
@@ -45,7 +48,8 @@ def read(cfg, run: RunFolder, rank: int, world: int, symbol: mx.sym.Symbol, step
     path = checkpoints.locate(run.checkpoints, cfg.resume)
     state = State.read(path)
     margin = config_lib.margin_of(cfg)
-    check_compatible(state, path, cfg.num_classes, cfg.embedding_size, cfg.network, margin.subcenters)
+    check_compatible(state, path, [cfg.num_classes, *cfg.extra_classes], cfg.embedding_size, cfg.network,
+                     margin.subcenters)
     arg_params, aux_params = load_backbone(path, rank, same_world=state.world_size == world)
     saved_projection = arg_params.pop(distill.PROJECTION_WEIGHT, None)
     arg_shapes, aux_shapes = symbols.parameter_shapes(symbol, (cfg.batch_size, 3, cfg.image_size, cfg.image_size))
@@ -54,19 +58,29 @@ def read(cfg, run: RunFolder, rank: int, world: int, symbol: mx.sym.Symbol, step
     step, epoch = checkpoints.resume_position(state, steps_per_epoch, global_batch)
     changes = describe_changes(state, path, cfg.seed, world, steps_per_epoch, global_batch, num_images, step)
     margin_state, margin_change = margin_state_to_continue(state, path, cfg.loss, margin)
+    extra_margin_states = tuple(
+        margin_state_to_continue(state, path, cfg.loss, config_lib.margin_of(cfg), number)[0]
+        for number in range(1, len(state.heads())))
     saved_projection, projection_change = projection_to_continue(saved_projection, projection_shape)
     return Resume(path, state, arg_params, aux_params, step, epoch,
                   changes + margin_change + projection_change + starting_point_notes(state, cfg), margin_state,
-                  saved_projection)
+                  saved_projection, extra_margin_states)
 
 
-def check_compatible(state: State, path: str, num_classes: int, embedding_size: int, network: str,
+def check_compatible(state: State, path: str, classes: "list[int]", embedding_size: int, network: str,
                      subcenters: int = 1) -> None:
-    """The checkpoint's head and backbone must be the configured ones; the message says which differs.
+    """The checkpoint's heads and backbone must be the configured ones (`classes`: each set's class count,
+    set 0 first); the message says which differs.
 
     A network given as a symbol file is known by its graph, not its name: check_params compares the
     parameters' names and shapes."""
-    problems = checkpoints.head_mismatches(state, num_classes, embedding_size, subcenters)
+    problems = checkpoints.head_mismatches(state, classes[0], embedding_size, subcenters)
+    saved = [count for count, _ in state.heads()]
+    if len(saved) != len(classes):
+        problems.append(f"it trained {len(saved)} set(s), this run {len(classes)} (--rec/--images, extra_sets)")
+    else:
+        problems += [f"its set {number} has {then} classes, this run's {now} (extra_classes)"
+                     for number, (then, now) in enumerate(zip(saved[1:], classes[1:]), start=1) if then != now]
     if state.network != network and not (symbols.is_symbol_file(state.network) or symbols.is_symbol_file(network)):
         problems.append(f"its network is {state.network}, the configuration's {network} (network)")
     if problems:
@@ -101,8 +115,10 @@ def starting_point_notes(state: State, cfg) -> "tuple[str, ...]":
     return tuple(notes)
 
 
-def margin_state_to_continue(state: State, path: str, loss: str, margin) -> "tuple[dict | None, tuple[str, ...]]":
-    """(the checkpoint's margin statistics if this run continues them, what the resume says about them).
+def margin_state_to_continue(state: State, path: str, loss: str, margin,
+                             set_number: int = 0) -> "tuple[dict | None, tuple[str, ...]]":
+    """(the checkpoint's margin statistics of set `set_number`'s head if this run continues them, what the
+    resume says about them).
 
     Statistics continue under the same loss (any world size: they are global-batch figures); another
     --loss, or a checkpoint without them (written before they were kept), starts them afresh, and says so.
@@ -110,7 +126,8 @@ def margin_state_to_continue(state: State, path: str, loss: str, margin) -> "tup
     the record into it."""
     fresh = margin.state()
     saved_loss = state.config.get("loss")
-    saved = state.margin_state
+    saved = state.margin_state if set_number == 0 else state.extra_heads[set_number - 1].get("margin_state")
+    field = "margin_state" if set_number == 0 else f"extra_heads[{set_number - 1}].margin_state"
     if saved_loss != loss:
         return None, ((f"loss {short(saved_loss)} -> {loss}: the new loss's running statistics start afresh",)
                       if fresh else ())
@@ -122,7 +139,7 @@ def margin_state_to_continue(state: State, path: str, loss: str, margin) -> "tup
             raise ValueError(f"expected an object, got {quoted(saved)}")
         margin.load_state(saved)
     except ValueError as error:
-        raise CheckpointError(f"{path}/state.json: field 'margin_state' is damaged: {error}") from None
+        raise CheckpointError(f"{path}/state.json: field {field!r} is damaged: {error}") from None
     return saved, ()
 
 
@@ -170,9 +187,12 @@ def restore(resume: Resume, module, head) -> None:
     # a projection not continued takes no momentum from the checkpoint either
     checkpoint.load_optimizer_state(resume.path, module,
                                     leave_out=() if resume.projection is not None else (distill.PROJECTION_WEIGHT,))
-    head.bank.load(resume.path, resume.state.shards)
-    if resume.margin_state:
-        head.margin.load_state(resume.margin_state)
+    heads = heads_of(head)
+    for number, ((_, shards), each) in enumerate(zip(resume.state.heads(), heads)):   # check_compatible: as many
+        each.bank.load(checkpoints.head_folder(resume.path, number), shards)
+    for each, margin_state in zip(heads, (resume.margin_state, *resume.extra_margin_states)):
+        if margin_state:
+            each.margin.load_state(margin_state)
 
 
 def describe(resume: Resume) -> str:

@@ -194,8 +194,10 @@ def read_centers(folder: str, num_classes: int, embedding_size: int, subcenters:
                       f"center files of InsightFace's Partial FC ({insightface_run.FILES['centers'].format(rank=0)})")
 
 
-def apply_starting_point(point: StartingPoint, module, head, source, cfg, rank: int, world: int) -> None:
-    """Fill the module and the memory bank from `point` (every rank; collectives).
+def apply_starting_point(point: StartingPoint, module, heads: list, sources: list, cfg, rank: int,
+                         world: int) -> None:
+    """Fill the module and the memory banks from `point` (every rank; collectives). `heads` are the sets'
+    heads (PartialFC, set 0 first), `sources` their training images (imprinting reads them).
 
     Every rank read the files itself: the ranks agree that they read the same ones (a run folder still
     being written could give them different latest checkpoints), and the backbone is then broadcast from
@@ -214,7 +216,7 @@ def apply_starting_point(point: StartingPoint, module, head, source, cfg, rank: 
             module.set_params(arg_params, aux_params)
             (log.warning if point.pretrained.kept_random else log.info)(point.pretrained.describe())
         if point.centers is not None:
-            head.bank.set_all(point.centers.centers, point.centers.momentum)
+            heads[0].bank.set_all(point.centers.centers, point.centers.momentum)     # one set (config.validate)
             log.info(f"class centers and their momentum from {point.centers.source}")
     if point.pretrained is not None:
         arg_params, aux_params = module.get_params()
@@ -222,7 +224,10 @@ def apply_starting_point(point: StartingPoint, module, head, source, cfg, rank: 
         comm.broadcast_parameters(aux_params)
         module.set_params(arg_params, aux_params)
     if point.imprint:
-        imprint(module, head.bank, source, cfg, rank, world)
+        for number, (head, source) in enumerate(zip(heads, sources)):
+            if len(heads) > 1 and rank == 0:
+                log.info(f"imprinting the centers of set {number}")
+            imprint(module, head.bank, source, cfg, rank, world)
 
 
 def imprint(module, bank, source, cfg, rank: int, world: int) -> None:
@@ -235,14 +240,14 @@ def imprint(module, bank, source, cfg, rank: int, world: int) -> None:
     holds more than one block's sums, whatever the number of classes. A block is embedded inside an
     agreement, so a damaged image on one rank stops every rank instead of leaving them in the allreduce.
     """
-    started = time.time()
+    started, num_classes = time.time(), bank.num_classes
     positions = np.arange(rank, len(source), world)
     with comm.fail_together("imprinting: reading the training set's labels"):
         labels = np.empty(len(positions), dtype=np.int64)
         for j, i in enumerate(positions):
             _, label, where = source.read(int(i))
-            if not (0 <= label < cfg.num_classes and label == int(label)):
-                raise DataError(f"{where} has label {label}, outside the classes [0, {cfg.num_classes})")
+            if not (0 <= label < num_classes and label == int(label)):
+                raise DataError(f"{where} has label {label}, outside the classes [0, {num_classes})")
             labels[j] = int(label)
     order = np.argsort(labels, kind="stable")
     positions, labels = positions[order], labels[order]
@@ -251,12 +256,12 @@ def imprint(module, bank, source, cfg, rank: int, world: int) -> None:
     imprinted, width = 0, bank.embedding_size
     centers = bank.weight.asnumpy()
     for owner in range(world):
-        owner_start, owner_count = shard_range(cfg.num_classes, owner, world)
+        owner_start, owner_count = shard_range(num_classes, owner, world)
         for first in range(owner_start, owner_start + owner_count, IMPRINT_BLOCK):
             last = min(first + IMPRINT_BLOCK, owner_start + owner_count)
             lo, hi = np.searchsorted(labels, [first, last])
             with comm.fail_together(f"imprinting classes {first}..{last - 1}"):
-                block = _embedded_block(module, source, positions[lo:hi], cfg, first, last - first)
+                block = _embedded_block(module, source, positions[lo:hi], cfg, first, last - first, num_classes)
             total = comm.allreduce(mx.nd.array(block), name=f"imprint.{first}").asnumpy()
             if owner == rank:
                 seen = np.flatnonzero(total[:, width] > 0)
@@ -273,7 +278,8 @@ def imprint(module, bank, source, cfg, rank: int, world: int) -> None:
              f"{time.time() - started:.1f} s")
 
 
-def _embedded_block(module, source, positions: np.ndarray, cfg, first: int, count: int) -> np.ndarray:
+def _embedded_block(module, source, positions: np.ndarray, cfg, first: int, count: int,
+                    num_classes: int) -> np.ndarray:
     """(count, D + 1) float32: for classes first .. first + count - 1, the sum of this rank's images'
     normalised embeddings (images at `positions`, all of those classes) and, in the last column, 1 where
     this rank has an image of the class."""
@@ -281,7 +287,7 @@ def _embedded_block(module, source, positions: np.ndarray, cfg, first: int, coun
     sums = np.zeros((count, width + 1), np.float64)
     batch = cfg.batch_size
     for at in range(0, len(positions), batch):
-        items = [decode_item(*source.read(int(i)), cfg.num_classes, (cfg.image_size, cfg.image_size))
+        items = [decode_item(*source.read(int(i)), num_classes, (cfg.image_size, cfg.image_size))
                  for i in positions[at:at + batch]]
         images = np.stack([image for image, _ in items]).transpose(0, 3, 1, 2).astype(np.float32)
         embeddings = module.embed(images).astype(np.float64)

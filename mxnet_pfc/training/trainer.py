@@ -27,6 +27,7 @@ import symbols
 from mxnet_pfc.data import folders, iterators, synthetic_set
 from mxnet_pfc.eval.during_training import TrainingEvaluation
 from mxnet_pfc.head.partial_fc import NonFiniteLossError, PartialFC, PartialFCInputError
+from mxnet_pfc.head.set_heads import SetHeads, heads_of
 from mxnet_pfc.models.formats import export_model
 from mxnet_pfc.models.inference import float32_params, inference_symbol
 from mxnet_pfc.runtime import (
@@ -74,7 +75,10 @@ class Setup:
 def prepare(cfg: config_lib.Config, run: RunFolder, rank: int, world: int) -> Setup:
     """This rank's setup, without collectives, so that every rank can agree on its success first."""
     index = folders.load_index(cfg.images, cfg.output, write=rank == 0) if cfg.images else None
-    cfg = config_lib.resolve_config(cfg, world, index)
+    extra_indexes = {number: folders.load_index(spec.path, cfg.output, write=rank == 0, set_number=number)
+                     for number, spec in enumerate(iterators.training_sets(cfg.rec, cfg.images, cfg.extra_sets))
+                     if number and spec.kind == "images"}
+    cfg = config_lib.resolve_config(cfg, world, index, extra_indexes)
     if cfg.rec and cfg.synthetic_identities > 0:
         synthetic_set.ensure(os.path.dirname(cfg.rec) or ".", cfg.synthetic_identities,
                          cfg.synthetic_images_per_identity, cfg.synthetic_val_pairs, comm.local_rank())
@@ -82,7 +86,7 @@ def prepare(cfg: config_lib.Config, run: RunFolder, rank: int, world: int) -> Se
     device.check_horovod_gpu(ctx, comm.is_distributed())
     if cfg.fp16 and ctx.device_type != "gpu":
         raise config_lib.ConfigError("fp16 = True needs a GPU context (MXNet has no fast float16 convolutions on CPU)")
-    data = iterators.open(cfg, rank, world, index)
+    data = iterators.open(cfg, rank, world, index, extra_indexes)
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.dropout, cfg.fp16, cfg.network_output)
     teacher = distill.read_teacher(cfg.teacher, cfg.image_size) if cfg.teacher else None
     projection = (teacher.width, cfg.embedding_size) if teacher and teacher.width != cfg.embedding_size else None
@@ -104,11 +108,16 @@ def prepare(cfg: config_lib.Config, run: RunFolder, rank: int, world: int) -> Se
 
 
 def build_distributed(cfg: config_lib.Config, ctx: mx.Context, schedule: LRSchedule, symbol: mx.sym.Symbol,
-                      teacher: "distill.Teacher | None" = None):
-    """The head and the module: their constructors run collectives (checks, broadcast)."""
-    head = PartialFC(config_lib.margin_of(cfg), cfg.embedding_size, cfg.num_classes, cfg.sample_rate, ctx,
-                     lr=schedule(0), momentum=cfg.momentum, wd=cfg.weight_decay,
-                     interclass_filtering_threshold=cfg.interclass_filtering_threshold)
+                      teacher: "distill.Teacher | None" = None, rows: "list[int] | None" = None):
+    """The head and the module: their constructors run collectives (checks, broadcast).
+
+    Several sets (cfg.extra_sets): one head per set, each with its own margin (its own running
+    statistics), over `rows` of each rank's batch (SetsIter.rows), weighted by cfg.set_weights."""
+    heads = [PartialFC(config_lib.margin_of(cfg), cfg.embedding_size, classes, cfg.sample_rate, ctx,
+                       lr=schedule(0), momentum=cfg.momentum, wd=cfg.weight_decay,
+                       interclass_filtering_threshold=cfg.interclass_filtering_threshold)
+             for classes in (cfg.num_classes, *cfg.extra_classes)]
+    head = heads[0] if len(heads) == 1 else SetHeads(heads, rows, list(cfg.set_weights) or None)
     module = PartialFCModule(symbol, head, cfg.batch_size, ctx, cfg.momentum, cfg.weight_decay, cfg.fp16,
                              cfg.image_size, cfg.grad_accum, teacher, cfg.distill_weight)
     return head, module
@@ -167,7 +176,8 @@ def train(cfg: config_lib.Config) -> dict:
                 log.info(config_lib.recipe_line(cfg, resume.state.config if resume is not None else None))
         start_step = resume.step if resume is not None else 0
         seeding.seed_generators(cfg.seed, rank, start_step)      # the initial centers and backbone (rank 0's)
-        head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol, setup.teacher)
+        head, module = build_distributed(cfg, setup.ctx, setup.schedule, setup.symbol, setup.teacher,
+                                         setup.data.rows if cfg.extra_sets else None)
         log.info(f"{head}; log file {log_path}")
         if setup.teacher is not None:
             log.info(distill.describe(setup.teacher, cfg.embedding_size, cfg.distill_weight))
@@ -181,8 +191,8 @@ def train(cfg: config_lib.Config) -> dict:
                 log.info("--pretrained and --init_centers are not used: a resumed run continues its checkpoint")
         else:
             with watchdog.working("the starting point"):
-                starting_point_lib.apply_starting_point(setup.starting_point, module, head,
-                                                        setup.data.source, cfg, rank, world)
+                starting_point_lib.apply_starting_point(setup.starting_point, module, heads_of(head),
+                                                        setup.data.sources, cfg, rank, world)
         seeding.seed_generators(cfg.seed, rank, start_step)      # what a run resumed here draws, from here on
         if rank == 0:
             log.info(plan.describe(cfg.batch_size, world, cfg.grad_accum, cfg.lr_schedule))
@@ -195,10 +205,11 @@ def train(cfg: config_lib.Config) -> dict:
 class Trainer:
     """One rank's run once everything is built: the loop, verification, checkpoints, the end."""
 
-    def __init__(self, setup: Setup, run_folder: RunFolder, head: PartialFC, module: PartialFCModule, rank: int,
-                 world: int, start_step: int):
+    def __init__(self, setup: Setup, run_folder: RunFolder, head: "PartialFC | SetHeads", module: PartialFCModule,
+                 rank: int, world: int, start_step: int):
         self.setup, self.cfg, self.plan = setup, setup.cfg, setup.plan
         self.head, self.module, self.rank, self.world = head, module, rank, world
+        self.heads = heads_of(head)         # set 0's first
         self.run_folder = run_folder
         self.best = dict(setup.resume.state.best) if setup.resume else {}
         self.metrics = None
@@ -314,7 +325,8 @@ class Trainer:
                            samples_per_sec=figures["samples_per_sec"],
                            data_wait_fraction=figures["data_wait_fraction"],
                            **{f"phase/{name}": share for name, share in figures["phases"].items()},
-                           **{f"margin/{name}": value for name, value in self.head.margin.state().items()},
+                           **{f"margin/{'' if number == 0 else f'set{number}/'}{name}": value
+                              for number, head in enumerate(self.heads) for name, value in head.margin.state().items()},
                            **({"distill/cosine": self.module.distill_cosine} if self.setup.teacher else {}))
 
     def verify(self, step: int, params=None) -> dict:
@@ -348,12 +360,13 @@ class Trainer:
         state = checkpoints.RunState(steps_per_epoch=plan.steps_per_epoch, global_batch=plan.global_batch,
                                      max_update=plan.max_update, samples_seen=self.samples_seen(step),
                                      num_images=plan.num_images, best=self.best, config=cfg.to_dict(),
-                                     margin_state=self.head.margin.state(),
+                                     margin_state=self.heads[0].margin.state(),
                                      freeze_until_samples=self.freeze_until_samples)
         with watchdog.working("checkpoint"):
             return checkpoint.save(self.run_folder.checkpoints, step, module=self.module,
-                                   bank=self.head.bank, symbol=self.setup.symbol, state=state,
-                                   keep=cfg.keep_checkpoints, backbone=backbone)
+                                   banks=[head.bank for head in self.heads], symbol=self.setup.symbol, state=state,
+                                   keep=cfg.keep_checkpoints, backbone=backbone,
+                                   extra_margin_states=[head.margin.state() for head in self.heads[1:]])
 
     def export(self, backbone: checkpoint.BackboneSnapshot) -> "tuple[str, dict]":
         """Rank 0: the model for inference (embedding only, rank-averaged parameters) and its verification.
