@@ -41,7 +41,8 @@ from tqdm import tqdm
 
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.folders import scan
-from mxnet_pfc.data.records import RecordWriter, open_records, unpack_image_record
+from mxnet_pfc.data.iterators import training_sets
+from mxnet_pfc.data.records import DataError, RecordWriter, open_records, unpack_image_record
 from mxnet_pfc.eval import plots
 from mxnet_pfc.head.center_search import most_similar
 from mxnet_pfc.head.memory_bank import copy_saved_rows, saved_shard_reader
@@ -70,8 +71,8 @@ class OverlapError(PfcError, ValueError):
 
 @dataclass(frozen=True)
 class SetHead:
-    """Set `index` of the run: where its images are ("rec:PATH", "images:PATH"; '' if the configuration does not
-    say) and its head in the checkpoint."""
+    """Set `index` of the run: where its images are ("rec:PATH", "images:PATH" as data.iterators.training_sets
+    names them; '' if the configuration does not say) and its head in the checkpoint."""
     index: int
     source: str
     num_classes: int
@@ -106,21 +107,18 @@ def checkpoint_of(run: str) -> str:
     return newest.path
 
 
-def sources(config: dict) -> "list[str]":
-    """Each set's "rec:PATH" / "images:PATH" from a run's configuration: set 0's rec or images, then
-    extra_sets."""
-    first = f"rec:{config['rec']}" if config.get("rec") else f"images:{config['images']}" if config.get("images") \
-        else ""
-    return [first] + [str(s) for s in config.get("extra_sets") or ()]
-
-
 def run_sets(ckpt: str, state: checkpoints.State) -> "list[SetHead]":
     """The sets of the run whose checkpoint is `ckpt`; refuses a run of one set."""
     heads = state.heads()
     if len(heads) < 2:
         raise OverlapError(f"{ckpt}: a run of one set (no extra_heads in state.json): overlap compares the sets "
                            "of a run of several (--rec A/train.rec --rec B/train.rec ...)")
-    named = sources(state.config)
+    config = state.config
+    try:
+        named = [str(spec) for spec in training_sets(config.get("rec", ""), config.get("images", ""),
+                                                     config.get("extra_sets") or ())]
+    except DataError:
+        named = []
     if len(named) != len(heads):            # a configuration that does not name the sets: the search still runs
         named = [""] * len(heads)
     return [SetHead(s, named[s], count, shards, checkpoints.head_folder(ckpt, s))
