@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from launch import run_ranks
+from mxnet_pfc.head import center_search
 from mxnet_pfc.head.center_search import merge_top
 
 
@@ -42,3 +43,19 @@ def test_merge_keeps_the_k_best_and_breaks_ties_by_the_lower_id():
     best_cos, best_id = np.array([[0.9, -np.inf]]), np.array([[7, -1]])
     cos, ids = merge_top(best_cos, best_id, np.array([[0.5, 0.9, 0.95]]), np.array([3, 2, 9]), 3)
     assert cos.tolist() == [[0.95, 0.9, 0.9]] and ids.tolist() == [[9, 2, 7]]
+
+
+@pytest.mark.parametrize("sample", [3, 8, 2048])
+def test_looking_only_at_the_cosines_that_can_enter_keeps_the_k_best(monkeypatch, sample):
+    """merge_candidates (the cosines at or above the k-th best so far or the k-th best of a sample of the
+    chunk) against merge_top over every cosine, chunk after chunk, with many ties (cosines on a grid)."""
+    monkeypatch.setattr(center_search, "SAMPLE", sample)
+    rng = np.random.default_rng(sample)
+    k = 4
+    best = (np.full((30, k), -np.inf, np.float32), np.full((30, k), -1, np.int64))
+    want = best
+    for first in range(0, 60, 20):
+        cos = (rng.integers(-8, 9, size=(30, 20)) / 8).astype(np.float32)
+        best = center_search.merge_candidates(*best, cos, first, k)
+        want = merge_top(*want, cos, np.arange(first, first + 20), k)
+        assert np.array_equal(best[0], want[0]) and np.array_equal(best[1], want[1])

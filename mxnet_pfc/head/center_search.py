@@ -32,11 +32,35 @@ def merge_top(best_cos: np.ndarray, best_id: np.ndarray, cos: np.ndarray, ids: n
     return np.take_along_axis(all_cos, order, 1), np.take_along_axis(all_id, order, 1)
 
 
-def block_top(a: mx.nd.NDArray, block: np.ndarray, take: int) -> "tuple[np.ndarray, np.ndarray | None]":
+SCORE_BYTES = 64 << 20      # of cosines computed at once: A rows are taken in chunks of this many bytes' worth
+SAMPLE = 2048               # a block's first columns whose k-th best bounds which of its cosines are looked at
+
+
+def merge_candidates(best_cos: np.ndarray, best_id: np.ndarray, cos: np.ndarray, first_id: int, k: int):
+    """merge_top of (best, a chunk of cosines whose columns are the ids first_id, first_id + 1, ...), looking only
+    at the cosines that can enter a row's top k: those at least the k-th best so far, or at least the k-th
+    best of the chunk's first SAMPLE columns (the k-th best of the union is at least either). Comparing and
+    picking them is a fraction of the cost of a top k over every column (argpartition: twice the product)."""
+    n, columns = cos.shape
+    bar = best_cos[:, -1].copy()
+    if min(columns, SAMPLE) > k:
+        sample = min(columns, SAMPLE)
+        bar = np.maximum(bar, np.partition(cos[:, :sample], sample - k, axis=1)[:, sample - k])
+    row, column = np.nonzero(cos >= bar[:, None])
+    rows = np.concatenate([np.repeat(np.arange(n), k), row])
+    all_cos = np.concatenate([best_cos.ravel(), cos[row, column]])
+    all_id = np.concatenate([best_id.ravel(), column + first_id])
+    order = np.lexsort((all_id, -all_cos, rows))         # by row, then best first, ties to the lower id
+    rows = rows[order]
+    keep = np.arange(len(rows)) - np.searchsorted(rows, rows) < k     # each row's first k (it has at least k)
+    return all_cos[order][keep].reshape(n, k), all_id[order][keep].reshape(n, k)
+
+
+def block_top(a: mx.nd.NDArray, block: mx.nd.NDArray, take: int) -> "tuple[np.ndarray, np.ndarray | None]":
     """(cosines, their rows in the block) of the `take` best block rows for each row of `a`, computed on a's
     context; every row (None) when `take` is the whole block."""
-    cos = mx.nd.dot(a, mx.nd.array(block, ctx=a.context), transpose_b=True)
-    if take == len(block):
+    cos = mx.nd.dot(a, block, transpose_b=True)
+    if take == block.shape[0]:
         return cos.asnumpy(), None          # a host sync point, as every block's is
     values, rows = mx.nd.topk(cos, axis=1, k=take, ret_typ="both", dtype="int64")
     return values.asnumpy(), rows.asnumpy()
@@ -49,8 +73,9 @@ def most_similar(local_a: np.ndarray, local_b: np.ndarray, b_start: int, k: int,
 
     Collective: every rank calls it, with its own shards; `b_start` is the class id of local_b's first row
     (B's shards are contiguous and in rank order, as the memory banks hold them). Fewer than k B classes in
-    all: the missing places hold cosine -inf and id -1. With `ctx` (a GPU), each block's products and its
-    top k are computed there (the blocks still travel through host memory); without, by NumPy."""
+    all: the missing places hold cosine -inf and id -1. Each block is compared with the A rows a chunk at a
+    time (SCORE_BYTES of cosines). With `ctx` (a GPU), the products and each chunk's top k are computed there
+    (the blocks still travel through host memory); without, by NumPy."""
     a = unit(local_a)
     width = a.shape[1]
     a_on_ctx = mx.nd.array(a, ctx=ctx) if ctx is not None and len(a) else None
@@ -63,19 +88,20 @@ def most_similar(local_a: np.ndarray, local_b: np.ndarray, b_start: int, k: int,
             rows = min(block_rows, count - first)
             block = mine[first:first + rows] if owner == comm.rank() else np.zeros((rows, width), np.float32)
             block = comm.broadcast(mx.nd.array(block, dtype="float32"), root_rank=owner,
-                                   name=f"search.{owner}.{first}").asnumpy()
-            take = min(k, rows)
-            if a_on_ctx is not None:
-                cos, part = block_top(a_on_ctx, block, take)
-            else:
-                cos = a @ block.T
-                part = np.argpartition(-cos, take - 1, axis=1)[:, :take] if take < rows else None
-                cos = np.take_along_axis(cos, part, 1) if part is not None else cos
-            if part is not None:        # the block's own top k first: the merge then sorts 2k per row
-                ids = part + start + first
-            else:
-                ids = np.broadcast_to(np.arange(start + first, start + first + rows), cos.shape)
-            best_cos, best_id = merge_top(best_cos, best_id, cos, ids, k)
+                                   name=f"search.{owner}.{first}")
+            block_on_ctx = block.as_in_context(ctx) if a_on_ctx is not None else None
+            block = block.asnumpy()
+            step = max(1, SCORE_BYTES // (4 * rows))
+            for lo in range(0, len(a), step):
+                hi = min(lo + step, len(a))
+                if a_on_ctx is not None:
+                    cos, part = block_top(a_on_ctx[lo:hi], block_on_ctx, min(k, rows))
+                    ids = part + start + first if part is not None else np.broadcast_to(
+                        np.arange(start + first, start + first + rows), cos.shape)
+                    best_cos[lo:hi], best_id[lo:hi] = merge_top(best_cos[lo:hi], best_id[lo:hi], cos, ids, k)
+                else:
+                    best_cos[lo:hi], best_id[lo:hi] = merge_candidates(best_cos[lo:hi], best_id[lo:hi],
+                                                                       a[lo:hi] @ block.T, start + first, k)
             if progress is not None:
                 progress(rows)
     return best_cos, best_id
