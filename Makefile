@@ -9,7 +9,7 @@ PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup doctor test test-fast lint catalogue run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory clean-venv
+.PHONY: setup doctor test test-fast lint catalogue run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory bench-overlap clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -51,6 +51,11 @@ bench-train: setup           ## the trainer's step beside its parts alone (backb
 
 bench-memory: setup          ## peak host memory per rank over a whole run and its resume, phase by phase (10^6 classes x 512, 2 ranks; docs/benchmarks.md)
 	$(PY) benchmarks/bench_memory.py --np $(NP) --json benchmarks/results/memory.jsonl $(ARGS)
+
+bench-overlap: setup        ## the overlap search at 100k x 100k classes, D=512, on 1 then $(NP) ranks (about 40 min of one core), with the projection to 2M x 2M (docs/benchmarks.md)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/overlap_search.py --json benchmarks/results/overlap.jsonl $(ARGS)
+	OMP_NUM_THREADS=1 MXNET_OMP_MAX_THREADS=1 $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) \
+		$(PY) benchmarks/overlap_search.py --json benchmarks/results/overlap.jsonl $(ARGS)
 
 bench-finetune: setup        ## fine-tuning a trained model on another synthetic set, and a 64-d student distilled from it (docs/benchmarks.md)
 	NP=$(NP) bash benchmarks/fine_tune.sh $(ARGS)

@@ -17,6 +17,7 @@ memory, the bytes broadcast, and the projection to --project classes each way on
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -116,6 +117,7 @@ def main(argv=None) -> int:
         print(f"  projection to {args.project:,} x {args.project:,} on {ranks} ranks at this rate: {hours:.1f} h, "
               f"about {memory / 1e9:.1f} GB per rank")
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         append_json(args.json, {"benchmark": "overlap_search", "classes": n, "embedding_size": width,
                                  "world_size": world, "seconds": seconds, "multiply_adds_per_s_per_rank": rate,
                                  "peak_bytes": peak, "shares_bytes": held, "broadcast_bytes": n * width * 4,

@@ -46,6 +46,17 @@ def test_bench_head_times_every_loss_beside_arcface(tmp_path):
     assert curricular["versus_parts_ms"]["hard_negatives"] == 0
 
 
+def test_bench_overlap_finds_the_planted_pairs_and_projects(tmp_path):
+    out = tmp_path / "overlap.jsonl"
+    proc = run_ranks(2, ["benchmarks/overlap_search.py", "--classes", 3000, "--embedding-size", 64, "--planted", 50,
+                         "--block-rows", 1000, "--json", out], timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "projection to 2,000,000 x 2,000,000 on 64 ranks" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2 and result["found"] == 50 and result["seconds"] > 0
+    assert result["received_bytes_per_rank"] == 3000 * 64 * 4 / 2
+
+
 def test_bench_memory_finds_every_phase_of_a_run_and_its_resume(tmp_path):
     """bench_memory.py follows each rank through a run's phases (from its log lines) to a peak per phase."""
     out = tmp_path / "memory.jsonl"
