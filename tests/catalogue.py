@@ -22,8 +22,8 @@ LAYERS = {
     "data": ("Data (`mxnet_pfc/data/`): RecordIO sets and image folders, decoding, the iterators, packing and "
              "the synthetic sets.",
              ("test_clean.py", "test_cleaning.py", "test_damaged_images.py", "test_data.py", "test_data_safety.py",
-              "test_faces.py", "test_image_bounds.py", "test_overlap.py", "test_own_data.py", "test_record_index.py",
-              "test_sets_iter.py", "test_synthetic_planted.py")),
+              "test_faces.py", "test_image_bounds.py", "test_overlap.py", "test_overlap_run.py", "test_own_data.py",
+              "test_record_index.py", "test_sets_iter.py", "test_synthetic_planted.py")),
     "training": ("The trainer (`mxnet_pfc/training/`): configuration and recipes, the module, checkpoints and "
                  "resumes, starting points, distillation, a run end to end through config.sh.",
                  ("test_checkpoint.py", "test_config.py", "test_distillation.py", "test_faults.py",
