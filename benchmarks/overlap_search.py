@@ -12,7 +12,8 @@ size holds the same sets), with --planted B classes near A classes (cosine about
 two sets), and times most_similar (every rank starting together), then reads its peak resident memory
 (VmHWM) and checks that each planted pair is its A class's best match. It prints the time, the rate, the
 memory, the bytes broadcast, and the projection to --project classes each way on --project-ranks ranks
-(the work scales as |A| x |B| x D / ranks; each rank's memory as its shares of both sets).
+(the work scales as |A| x |B| x D / ranks; each rank's memory is the peak measured with its shares of both
+sets and its top k per class scaled to the projection's: the blocks and the cosines in hand stay the same).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import time
 
 import numpy as np
 
-from mxnet_pfc.head.center_search import SCORE_BYTES, most_similar
+from mxnet_pfc.head.center_search import most_similar
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime import comm
 
@@ -111,8 +112,8 @@ def main(argv=None) -> int:
     projections = {}
     for ranks in args.project_ranks:
         hours = seconds * world * scale / ranks / 3600
-        shares = 2 * args.project / ranks * width * 4
-        memory = shares + 3 * args.block_rows * width * 4 + SCORE_BYTES + args.project / ranks * args.top_k * 12
+        # the measured peak, with this run's shares of the sets (and its top k per row) replaced by the projection's
+        memory = peak + (args.project / ranks - n / world) * (2 * width * 4 + args.top_k * 12)
         projections[ranks] = {"hours": hours, "memory_bytes": memory}
         print(f"  projection to {args.project:,} x {args.project:,} on {ranks} ranks at this rate: {hours:.1f} h, "
               f"about {memory / 1e9:.1f} GB per rank")
