@@ -55,5 +55,9 @@ def test_the_shared_identities_of_two_trained_sets_are_found(learned, tmp_path):
     precision, recall = right / max(1, len(found)), right / len(truth)
     assert precision >= 0.95 and recall >= 0.95, (precision, recall, sorted(found ^ truth))
     report = json.loads((out / "report.json").read_text())["merged"]
-    assert report["images"] == (IDENTITIES_A + IDENTITIES_B) * IMAGES and report["merged_groups"] == len(found)
-    assert (merged / "property").read_text().startswith(f"{IDENTITIES_A + IDENTITIES_B - len(found)},")
+    table = [line.split("\t") for line in (merged / "label_map.tsv").read_text().splitlines()[1:]]
+    new_label = {(int(s), int(c)): int(label) for s, c, label in table}
+    assert all(new_label[0, x] == new_label[1, y] for x, y in found), "each pair found is one label"
+    assert report["images"] == (IDENTITIES_A + IDENTITIES_B) * IMAGES
+    assert len(set(new_label.values())) == report["labels"] <= IDENTITIES_A + IDENTITIES_B - right
+    assert (merged / "property").read_text().startswith(f"{report['labels']},")
