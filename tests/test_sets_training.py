@@ -4,8 +4,9 @@ Two RecordIO sets and an image folder (--rec A --images C --rec B) train under o
 own Partial FC head over its own classes, its rows of every batch, its loss weighted into the sum (the
 logged loss is the weighted sum of the sets' losses, each logged too). A checkpoint holds every head
 (format 4: set S's bank in set-S/); resumed on the same ranks the run continues bit for bit, and on 1 or 3
-ranks every head's centers and momentum are restored bit for bit (re-sharded) and the run trains on. A
-resume with other sets, and options that do not fit several sets, are refused naming the field. (The head's
+ranks every head's centers and momentum are restored bit for bit (re-sharded) and the run trains on. Every
+set's head starts from a run of as many sets, or each from its own (--init_centers, one per set). A resume
+with other sets, and options that do not fit several sets, are refused naming the field. (The head's
 numbers against float64: test_set_heads.)
 """
 import json
@@ -139,7 +140,7 @@ def test_repeated_sets_fill_extra_sets_in_order_and_what_does_not_fit_several_se
     refused = {
         "set_weights": [*two, "--set_weights", "1"],
         "set_shares": [*two, "--set_shares", "1,0"],
-        "init_centers": [*two, "--init_centers", str(tmp_path)],
+        "init_centers": [*two, "--init_centers", "random,imprint,random"],
         "extra_sets": ["--rec", str(a / "train.rec"), "--rec", str(a / "train.rec")],
         "--rec ''": ["--rec", "", "--rec", str(b / "train.rec")],
     }
@@ -152,3 +153,41 @@ def test_repeated_sets_fill_extra_sets_in_order_and_what_does_not_fit_several_se
     assert (resolved.num_classes, resolved.extra_classes) == (40, (24,))
     with pytest.raises(ConfigError, match=r"extra_classes \(set 1\) = 20 was given, but the set states 24"):
         config_lib.resolve_config(config_lib.parse_args([*two, "--extra_classes", "20"]), world=2)
+
+
+def started_rows(rows, world: int, number: int, kind: str = "centers") -> np.ndarray:
+    return np.concatenate([np.load(rows / f"set{number}-{kind}-{r}.npy") for r in range(world)])
+
+
+def test_starting_centers_for_every_set_from_a_run_of_as_many_sets_or_one_each(sets, whole, tmp_path):
+    """--init_centers FOLDER of a run of 3 sets starts each set's head from its own (re-sharded onto 3 ranks, bit
+    for bit); one per set, comma-separated: random, a run of InsightFace's Partial FC, imprint; a folder of
+    another number of sets is refused naming both counts."""
+    import insightface_files as theirs
+    from mxnet_pfc.training import starting_point
+
+    output, _ = whole
+    saved = ckpt(output / "checkpoints", 12)
+    rows = tmp_path / "all"
+    rows.mkdir()
+    proc = run_ranks(3, [REPO / "tests" / "set_resume_worker.py", rows,
+                         *options(sets, tmp_path / "from-all", "--init_centers", saved)], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for number in range(3):
+        for kind in ("centers", "momentum"):
+            assert np.array_equal(started_rows(rows, 3, number, kind), saved_rows(saved, number, kind)), number
+
+    theirs_run = theirs.write_partial_fc_run(tmp_path / "pfc", 12, 3, 128, seed=5)
+    rows = tmp_path / "each"
+    rows.mkdir()
+    each = f"random,{tmp_path / 'pfc'},imprint"
+    proc = run_ranks(2, [REPO / "tests" / "set_resume_worker.py", rows,
+                         *options(sets, tmp_path / "from-each", "--init_centers", each)], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert np.array_equal(started_rows(rows, 2, 1), theirs_run["centers"])          # set 1 (the folder C)
+    assert np.allclose(np.linalg.norm(started_rows(rows, 2, 2), axis=1), 1, atol=1e-5)     # imprinted: unit rows
+    assert np.linalg.norm(started_rows(rows, 2, 0), axis=1).max() < 0.5          # random: N(0, 0.01) rows
+    with pytest.raises(checkpoints.CheckpointError, match="holds the heads of 3 set.s., and this run starts 1"):
+        starting_point.read_centers(str(saved), 40, 128, 1, 0, 40)
+    with pytest.raises(ConfigError, match=r"init_centers = .*one per set \(3\)"):
+        config_lib.parse_args([str(a) for a in options(sets, tmp_path / "x", "--init_centers", "random,imprint")])
