@@ -20,6 +20,8 @@ once they exist, and makes sure every rank started from the same files.
   MXNet Partial FC (insightface_run.py); centers and momentum, re-sharded.
 - --init_centers imprint: one pass over the training set before step 1 under
   the starting backbone (`imprint`).
+- Several sets: one of these for every set (a folder then holds a run of as
+  many sets, each head read from its own), or one per set, comma-separated.
 """
 from __future__ import annotations
 
