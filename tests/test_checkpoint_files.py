@@ -93,7 +93,7 @@ def test_the_heads_of_several_sets_read_back_and_damaged_ones_are_refused_by_nam
             **heads[1], "shards": [[0, 3], [3, 1]]}]},
         "extra_heads\\[0\\] \\(set 1\\) has num_classes -6": {**raw, "extra_heads": [{**heads[0], "num_classes": -6}]},
         "field 'extra_heads' is .* in format 4 only": {**raw, "format": 3},
-        "field 'extra_heads' is '7'": {**raw, "extra_heads": 7},
+        "field 'extra_heads' is 7 ": {**raw, "extra_heads": 7},
     }
     for number, (message, fields) in enumerate(damaged.items()):
         folder = write_checkpoint(tmp_path, f"bad{number}", fields)
