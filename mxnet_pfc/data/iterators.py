@@ -241,10 +241,11 @@ class RecordSource:
 
 
 class RecordIter(ShardedIter):
-    """This rank's shard of an InsightFace RecordIO set (see ShardedIter)."""
+    """This rank's shard of an InsightFace RecordIO set (see ShardedIter): the path of its train.rec, or the
+    set opened already (a RecordSource)."""
 
-    def __init__(self, rec_path: str, batch_size: int, num_classes: int, *args, **options):
-        source = RecordSource(rec_path)
+    def __init__(self, rec_path: "str | RecordSource", batch_size: int, num_classes: int, *args, **options):
+        source = rec_path if isinstance(rec_path, RecordSource) else RecordSource(rec_path)
         self.reader, self.records = source.reader, source.records
         check_identity_count(self.records, num_classes)
         super().__init__(source, batch_size, num_classes, *args, **options)
@@ -376,13 +377,8 @@ def open_sets(cfg, rank: int, world: int, indexes: dict, options: dict) -> SetsI
     iters = []
     try:
         for source, count, num_classes in zip(sources, rows, classes):
-            if isinstance(source, RecordSource):
-                check_identity_count(source.records, num_classes)
-            elif source.num_classes > num_classes:
-                raise DataError(f"{source.root}: holds {source.num_classes} identity folders, "
-                                f"more than its class count {num_classes}")
-            iters.append(ShardedIter(source, count, num_classes, rank, world, threads=cfg.decode_threads,
-                                     **options))
+            kind = RecordIter if isinstance(source, RecordSource) else FolderIter
+            iters.append(kind(source, count, num_classes, rank, world, threads=cfg.decode_threads, **options))
     except BaseException:
         for it in iters:
             it.close()
