@@ -5,7 +5,8 @@ own Partial FC head over its own classes, its rows of every batch, its loss weig
 logged loss is the weighted sum of the sets' losses, each logged too). A checkpoint holds every head
 (format 4: set S's bank in set-S/); resumed on the same ranks the run continues bit for bit, and on 1 or 3
 ranks every head's centers and momentum are restored bit for bit (re-sharded) and the run trains on. Every
-set's head starts from a run of as many sets, or each from its own (--init_centers, one per set). A resume
+set's head starts from a run of as many sets, or each from its own (--init_centers, one per set); the clean
+command judges a set with its own head (--set). A resume
 with other sets, and options that do not fit several sets, are refused naming the field. (The head's
 numbers against float64: test_set_heads.)
 """
@@ -191,3 +192,18 @@ def test_starting_centers_for_every_set_from_a_run_of_as_many_sets_or_one_each(s
         starting_point.read_centers(str(saved), 40, 128, 1, 0, 40)
     with pytest.raises(ConfigError, match=r"init_centers = .*one per set \(3\)"):
         config_lib.parse_args([str(a) for a in options(sets, tmp_path / "x", "--init_centers", "random,imprint")])
+
+
+def test_a_set_of_the_run_is_cleaned_with_its_own_head(sets, whole, tmp_path):
+    """python -m mxnet_pfc.clean RUN --rec B --set 2: set B's head judges B's images (every one, once); a set
+    number the run does not have is refused naming the sets it has."""
+    output, _ = whole
+    _, b, _ = sets
+    proc = run_ranks(2, ["-m", "mxnet_pfc.clean", output, "--rec", b / "train.rec", "--set", 2,
+                         "--out", tmp_path / "clean"], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    report = json.loads((tmp_path / "clean" / "report.json").read_text())
+    assert (report["images"], report["classes"]) == (24 * 8, 24)
+    proc = run_ranks(2, ["-m", "mxnet_pfc.clean", output, "--rec", b / "train.rec", "--set", 3,
+                         "--out", tmp_path / "none"], timeout=240)
+    assert proc.returncode != 0 and "--set 3: the run" in proc.stdout and "trained 3 set(s), 0 .. 2" in proc.stdout
