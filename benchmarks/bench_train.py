@@ -18,6 +18,13 @@ and the module). Each round then times, one after the other:
            embedding gradient, reduction and update
   head     the head alone: forward_backward on fixed embeddings of the same shape
 
+With --extra-classes (several sets, one head per set: head/set_heads.py) the
+step trains every set's head, each over its rows of the batch (split in
+proportion to the class counts, as the trainer splits by the sets' sizes), and
+`head` is the sum of each set's head measured alone on its rows: the ratio is
+then a step with several heads against the backbone plus the heads' own steps
+(the issue's goal: at most 1.05).
+
 and prints medians over the rounds (the slowest rank sets the pace), the
 step / (backbone + head) ratio (the trainer's own overhead: the goal is at
 most 1.1), the cost of a timed step, and what one timed step per window of
@@ -26,6 +33,7 @@ most 1.1), the cost of a timed step, and what one timed step per window of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -33,6 +41,8 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
+from mxnet_pfc.data.set_rows import rows_per_set
+from mxnet_pfc.head.set_heads import heads_of
 from mxnet_pfc.runtime import comm
 from mxnet_pfc.runtime.run_folder import RunFolder
 from mxnet_pfc.training import config as config_lib
@@ -48,6 +58,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--network", default="r18-lite", help="backbone, by name in symbols.NETWORKS (default r18-lite)")
     p.add_argument("--num-classes", type=int, default=100_000, help="identities in all (default 100000)")
+    p.add_argument("--extra-classes", type=lambda text: [int(float(v)) for v in text.split(",")], default=[],
+                   help="several sets: the class counts of the sets after the first, comma-separated; each set "
+                        "trains its own head (default: one set)")
     p.add_argument("--sample-rate", type=float, default=0.1,
                    help="share of each rank's centers sampled per step (default 0.1)")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank per micro-batch (default 32)")
@@ -71,19 +84,28 @@ def main(argv=None):
     comm.init()
     rank, world = comm.rank(), comm.size()
     setup = trainer.prepare(cfg, RunFolder(cfg.output), rank, world)
-    head, module = trainer.build_distributed(setup.cfg, setup.ctx, setup.schedule, setup.symbol)
-    data, lr = setup.data, setup.schedule(0)
     K, B = args.grad_accum, args.batch_size
+    classes = [args.num_classes, *args.extra_classes]
+    rows = rows_per_set(B, classes) if args.extra_classes else [B]
+    built = dataclasses.replace(setup.cfg, extra_classes=tuple(args.extra_classes))     # the trainer's heads
+    head, module = trainer.build_distributed(built, setup.ctx, setup.schedule, setup.symbol, None,
+                                             rows if args.extra_classes else None)
+    heads = heads_of(head)
+    data, lr = setup.data, setup.schedule(0)
     embedding_grad = nd.random.normal(0, 1e-3, shape=(B, cfg.embedding_size), ctx=setup.ctx)
-    embeddings = nd.random.normal(shape=(B, cfg.embedding_size), ctx=setup.ctx)
-    labels = np.random.default_rng(rank).integers(0, cfg.num_classes, B * K)
+    embeddings = [nd.random.normal(shape=(n, cfg.embedding_size), ctx=setup.ctx) for n in rows]
+    draw = np.random.default_rng(rank)
+    # every micro-batch: each set's rows in set order, its own class ids (SetsIter's layout)
+    set_labels = [draw.integers(0, n, (K, r)) for n, r in zip(classes, rows)]
+    labels = np.concatenate([part[k] for k in range(K) for part in set_labels])
     if rank == 0:
-        print(f"[bench_train] {world} ranks, {args.network}, {args.num_classes} classes, rate {args.sample_rate}, "
-              f"batch {B}/rank x {K} micro-batches, {head.ops.name} kernels, {setup.ctx}", flush=True)
+        print(f"[bench_train] {world} ranks, {args.network}, {' + '.join(map(str, classes))} classes "
+              f"({len(classes)} head(s), rows {' + '.join(map(str, rows))}), rate {args.sample_rate}, batch {B}/rank "
+              f"x {K} micro-batches, {heads[0].ops.name} kernels, {setup.ctx}", flush=True)
 
     def trainer_step(phases=None):
         batch = next(data)
-        module.step(batch.data, batch.labels, lr, phases)
+        module.step(batch.data, labels if args.extra_classes else batch.labels, lr, phases)
 
     def backbone_alone():
         batch = next(data)
@@ -93,16 +115,17 @@ def main(argv=None):
         module.module.update()
         module._clear_gradients()
 
-    def head_alone():
+    def head_alone(number):
         for k in range(K):
-            head.forward_backward(embeddings, labels[k * B:(k + 1) * B], K, update=k == K - 1)
+            heads[number].forward_backward(embeddings[number], set_labels[number][k], K, update=k == K - 1)
 
     seconds = {part: [] for part in PARTS}
     phase_seconds = {name: [] for name in PHASES}
     for round_ in tqdm(range(args.warmup + args.rounds), desc="rounds", disable=rank != 0, file=sys.stdout):
         phases = {}
         measured = dict(step=synced(trainer_step), timed=synced(lambda: trainer_step(phases)),
-                        backbone=synced(backbone_alone), head=synced(head_alone))
+                        backbone=synced(backbone_alone),
+                        head=sum(synced(lambda: head_alone(number)) for number in range(len(heads))))
         if round_ < args.warmup:
             continue
         for part, value in measured.items():
@@ -122,7 +145,8 @@ def main(argv=None):
     timed_cost = median["timed"] / median["step"] - 1
     result = {
         "world": world, "network": args.network, "num_classes": args.num_classes, "sample_rate": args.sample_rate,
-        "batch_per_rank": B, "grad_accum": K, "kernels": head.ops.name,
+        "extra_classes": args.extra_classes, "rows": rows,
+        "batch_per_rank": B, "grad_accum": K, "kernels": heads[0].ops.name,
         **{f"{part}_ms": round(value * 1e3, 1) for part, value in median.items()},
         "step_over_parts": round(median["step"] / parts, 3),
         "timed_step_cost": round(timed_cost, 3),

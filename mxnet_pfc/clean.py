@@ -4,7 +4,8 @@
 
 Sub-center ArcFace's cleaning step (insightface recognition/subcenter_arcface,
 drop.py), at the scale the trainer runs: RUN is a run (its latest checkpoint)
-or a checkpoint of a sub-center ArcFace run on SET. Each rank takes the classes
+or a checkpoint of a sub-center ArcFace run on SET (a run of several sets:
+--set names which of them SET is; its head is read). Each rank takes the classes
 whose centers it owns (their K sub-centers read from the checkpoint's shards),
 embeds their images once with the run's model, finds each class's dominant
 sub-center, and keeps the images within --threshold degrees of it
@@ -71,10 +72,10 @@ def check_output(out: str, rec: str) -> None:
         raise CleanError(f"--out {out} holds files this command did not write: choose an empty or new folder")
 
 
-def fingerprint(ckpt: str, state: checkpoints.State, rec: str, threshold: float) -> dict:
+def fingerprint(ckpt: str, state: checkpoints.State, set_number: int, rec: str, threshold: float) -> dict:
     """What the verdicts depend on; a restart with another one is refused (or --start-over)."""
     stat = os.stat(rec)
-    return {"checkpoint": os.path.realpath(ckpt), "saved_at": state.saved_at, "step": state.step,
+    return {"checkpoint": os.path.realpath(ckpt), "saved_at": state.saved_at, "step": state.step, "set": set_number,
             "rec": os.path.realpath(rec), "rec_bytes": stat.st_size, "rec_mtime_ns": stat.st_mtime_ns,
             "threshold": threshold}
 
@@ -95,10 +96,10 @@ def read_labels(reader, keys: np.ndarray, rank: int, world: int) -> np.ndarray:
     return comm.allgather(mx.nd.array(mine.reshape(-1), dtype="float64"), name="clean.labels").asnumpy()
 
 
-def judge_shard(args, reader, records, keys, labels, centers, class_start, num_local, num_classes, K, ctx,
-                rank) -> dict:
+def judge_shard(args, checkpoint, reader, records, keys, labels, centers, class_start, num_local, num_classes, K,
+                ctx, rank) -> dict:
     """This rank's verdicts on the images of its classes: keys, labels, kept, angles, each class's dominant."""
-    symbol, arg_params, aux_params, _ = load_model(args.checkpoint)
+    symbol, arg_params, aux_params, _ = load_model(checkpoint)
     embedder = Embedder(symbol, ctx, args.batch_size)
     embedder.set_params(arg_params, aux_params)
     mine = np.flatnonzero((labels >= class_start) & (labels < class_start + num_local))
@@ -170,18 +171,23 @@ def run(args) -> None:
     comm.init()
     rank, world = comm.rank(), comm.size()
     with comm.fail_together("reading the run and the set"):
-        args.checkpoint = checkpoint_of(args.run)
-        state = checkpoints.State.read(args.checkpoint)
+        checkpoint = checkpoint_of(args.run)
+        state = checkpoints.State.read(checkpoint)
+        heads = state.heads()
+        if args.set >= len(heads):
+            raise CleanError(f"--set {args.set}: the run {checkpoint} trained {len(heads)} set(s), "
+                             f"0 .. {len(heads) - 1}")
         reader, records = open_records(args.rec)
         check_output(args.out, args.rec)
-        K, C, D = int(state.subcenters), state.num_classes, state.embedding_size
+        (C, shards), K, D = heads[args.set], int(state.subcenters), state.embedding_size
         if records.num_identities is not None and records.num_identities != C:
-            raise CleanError(f"{args.rec} has {records.num_identities} identities, the run {args.checkpoint} "
-                             f"{C} classes: name the set the run trained on")
+            raise CleanError(f"{args.rec} has {records.num_identities} identities, the run {checkpoint}'s set "
+                             f"{args.set} {C} classes: name the set the run trained on (--set: which of its sets)")
         class_start, num_local = shard_range(C, rank, world)
-        centers = read_saved_rows(args.checkpoint, state.shards, class_start, num_local, D, K)[0]
+        centers = read_saved_rows(checkpoints.head_folder(checkpoint, args.set), shards, class_start, num_local,
+                                  D, K)[0]
         work = os.path.join(args.out, ".work")
-        wanted = fingerprint(args.checkpoint, state, args.rec, args.threshold)
+        wanted = fingerprint(checkpoint, state, args.set, args.rec, args.threshold)
         if rank == 0:
             found = read_fingerprint(os.path.join(work, "fingerprint.json"))
             if found is not None and found != wanted and not args.start_over:
@@ -193,7 +199,7 @@ def run(args) -> None:
             open(os.path.join(args.out, OWNER), "w").close()
             write_json(os.path.join(work, "fingerprint.json"), wanted)
     if K == 1 and rank == 0:
-        log.warning(f"{args.checkpoint} has one center per class (not sub-center ArcFace): each image is judged by "
+        log.warning(f"{checkpoint} has one center per class (not sub-center ArcFace): each image is judged by "
                     "its angle to its class's center")
     mine = os.path.join(work, f"verdicts-rank{rank:05d}-of-{world:05d}.npz")
     if os.path.exists(mine) and rank == 0:
@@ -201,8 +207,8 @@ def run(args) -> None:
     labels = read_labels(reader, records.image_records, rank, world)
     with comm.fail_together("judging the images"):
         if not os.path.exists(mine):
-            verdicts = judge_shard(args, reader, records, records.image_records, labels, centers, class_start,
-                                   num_local, C, K, choose_context(args.context, comm.local_rank()), rank)
+            verdicts = judge_shard(args, checkpoint, reader, records, records.image_records, labels, centers,
+                                   class_start, num_local, C, K, choose_context(args.context, comm.local_rank()), rank)
             np.savez(mine + ".tmp.npz", **verdicts)
             os.replace(mine + ".tmp.npz", mine)
     with comm.fail_together("writing the cleaned set"):
@@ -224,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("run", help="a sub-center ArcFace run's output folder (its latest checkpoint) or a "
                                     "checkpoint folder")
     parser.add_argument("--rec", required=True, help="the set the run trained on: its train.rec (.idx beside it)")
+    parser.add_argument("--set", type=int, default=0,
+                        help="a run of several sets: which of them --rec is, 0 for the first (default: %(default)s)")
     parser.add_argument("--out", required=True, help="folder for the cleaned set, beside the source (never in it)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help="keep images within this angle of their class's dominant sub-center, in degrees "
@@ -241,6 +249,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if not 0 < args.threshold <= 180:
         raise SystemExit(f"--threshold {args.threshold}: an angle in degrees, in (0, 180]")
+    if args.set < 0:
+        raise SystemExit(f"--set {args.set}: a set's number, 0 for the first")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     return exit_status("mxnet_pfc.clean", run, args)
 

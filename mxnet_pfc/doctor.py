@@ -210,7 +210,7 @@ def check(args: argparse.Namespace) -> Report:
     context = config_sh_context(report, [(name, cap) for name, cap, _ in gpus], horovod)
     kernels_line(report, context)
     output = args.output
-    if args.rec or args.images:
+    if args.sets:
         output = set_verdict(report, args, gpus, context) or output
     resources_lines(report, output or "output")
     return report
@@ -295,25 +295,33 @@ def set_verdict(report: Report, args: argparse.Namespace, gpus: list, context) -
     """The planner's head memory per rank for this set with the recipe the trainer would use, against the
     memory of the GPUs found (or this host's, on the CPU). Returns the run's output folder."""
     from mxnet_pfc.data import folders
-    from mxnet_pfc.head.memory_model import head_memory
+    from mxnet_pfc.data.iterators import RecordSource
+    from mxnet_pfc.data.set_rows import rows_per_set
+    from mxnet_pfc.head.memory_model import combined, head_memory
     from mxnet_pfc.training import config as config_lib
 
     on_gpu = context is not None and context.device_type == "gpu"
     world = args.np or (len(gpus) if on_gpu else 2)
-    given = {"rec": args.rec} if args.rec else {"images": args.images}
-    what = args.rec or args.images
-    try:
-        cfg = config_lib.make_config(given)
-        index = folders.scan(args.images) if args.images else None
-        cfg = config_lib.resolve_config(cfg, world, index)
+    what = " + ".join(path for _, path in args.sets)
+    try:        # the sets as the trainer reads --rec and --images, in order (several: a head each)
+        cfg = config_lib.parse_args([item for kind, path in args.sets for item in (f"--{kind}", path)])
+        indexes = {number: folders.scan(path) for number, (kind, path) in enumerate(args.sets) if kind == "images"}
+        cfg = config_lib.resolve_config(cfg, world, indexes.pop(0, None), indexes)
+        classes = [cfg.num_classes, *cfg.extra_classes]
+        rows = [cfg.batch_size]
+        if len(args.sets) > 1:      # each set's rows of the batch, by the sets' sizes as the trainer splits it
+            rows = rows_per_set(cfg.batch_size, [len(RecordSource(path)) if kind == "rec" else len(folders.scan(path))
+                                                 for kind, path in args.sets])
     except Exception as error:               # the trainer would stop on the same: the finding
         report.add("set", f"{what}: {error}")
         report.blockers.append(f"the set cannot be used: {error}")
         return None
     subcenters = config_lib.margin_of(cfg).subcenters
-    memory = head_memory(cfg.num_classes, world, cfg.embedding_size, cfg.sample_rate, cfg.batch_size,
-                              "float32", cfg.grad_accum, subcenters)
-    report.add("set", f"{what}: {cfg.num_classes:,} identities; {cfg.network}, embedding {cfg.embedding_size}, "
+    memory = combined([head_memory(count, world, cfg.embedding_size, cfg.sample_rate, share, "float32",
+                                   cfg.grad_accum, subcenters) for count, share in zip(classes, rows)])
+    identities = " + ".join(f"{count:,}" for count in classes)
+    heads = f" in {len(classes)} heads ({' + '.join(map(str, rows))} rows of each batch)" if len(classes) > 1 else ""
+    report.add("set", f"{what}: {identities} identities{heads}; {cfg.network}, embedding {cfg.embedding_size}, "
                f"sample rate {cfg.sample_rate:g}, batch {cfg.batch_size}/rank on {world} ranks")
     if on_gpu:
         sizes = [memory_gib(m) for _, _, m in gpus]
@@ -347,14 +355,22 @@ def resources_lines(report: Report, output: str) -> None:
     report.add("disk", f"{usage.free / GIB:.1f} GiB free for the output folder {output} (on {existing})")
 
 
+class _SetOption(argparse.Action):
+    """--rec and --images, in the order given: [(kind, path), ...] (the trainer's sets, set 0 first)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.sets = [*namespace.sets, (option_string.lstrip("-"), value)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mxnet_pfc.doctor", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    data = p.add_mutually_exclusive_group()
-    data.add_argument("--rec", help="an InsightFace RecordIO set (train.rec, train.idx beside it): the planner's "
-                                    "verdict for its head with the recipe the trainer would use (default: none)")
-    data.add_argument("--images", help="a folder of faces, FACES/<identity>/<images>: the same verdict "
-                                       "(default: none)")
+    p.add_argument("--rec", dest="sets", action=_SetOption, default=[],
+                   help="an InsightFace RecordIO set (train.rec, train.idx beside it): the planner's verdict for its "
+                        "head with the recipe the trainer would use; repeatable, and with --images, as the "
+                        "trainer's (several sets: every head) (default: none)")
+    p.add_argument("--images", dest="sets", action=_SetOption, default=[],
+                   help="a folder of faces, FACES/<identity>/<images>: the same verdict (default: none)")
     p.add_argument("--np", type=int, default=0,
                    help="ranks for the set's verdict (default 0: one per GPU found, or 2 on the CPU as make run)")
     p.add_argument("--output", default="",

@@ -1,6 +1,7 @@
 """How much memory the Partial FC head needs per rank, and the largest sample rate or batch that fits.
 
     python -m mxnet_pfc.plan --classes 10e6 --world 8 --device-memory 11 --reserve 6
+    python -m mxnet_pfc.plan --classes 5.8e6,2e6 --set-shares 3,1 --world 16     # two sets, a head each
     python -m mxnet_pfc.plan --published
 
 The memory model is mxnet_pfc/head/memory_model.py; its docstring says what it counts.
@@ -10,7 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mxnet_pfc.head.memory_model import DTYPE_BYTES, GIB, fits, head_memory, largest_batch, largest_rate
+from mxnet_pfc.data.errors import DataError
+from mxnet_pfc.data.set_rows import rows_per_set
+from mxnet_pfc.head.memory_model import (
+    DTYPE_BYTES,
+    GIB,
+    combined,
+    fits,
+    head_memory,
+    largest_batch,
+    largest_rate,
+)
 
 # Published Partial FC settings (An et al., arXiv:2010.05222 and ICCVW 2021):
 # (what, identities, GPUs, device memory GiB)
@@ -47,10 +58,47 @@ def report(what: str, classes: int, world: int, embedding: int, rate: float, bat
     return "\n".join(lines)
 
 
+def report_sets(classes: "list[int]", shares: "list[float] | None", world: int, embedding: int, rate: float,
+                batch: int, dtype: str, device_gib: "float | None", reserve_gib: float, grad_accum: int = 1,
+                subcenters: int = 1) -> str:
+    """Several sets trained together: each set's head over its rows of the batch (as the trainer splits it:
+    by --set-shares, else in proportion to the sets' sizes, here their class counts), and their sum."""
+    rows = rows_per_set(batch, classes, shares)
+    lines, memories = [], []
+    for number, (count, share) in enumerate(zip(classes, rows)):
+        lines.append(report(f"set {number}", count, world, embedding, rate, share, dtype, None, 0.0, grad_accum,
+                            subcenters))
+        memories.append(head_memory(count, world, embedding, rate, share, dtype, grad_accum, subcenters))
+    total = combined(memories)
+    lines.append(f"all {len(classes)} heads on each rank (batch {batch}/rank = {' + '.join(map(str, rows))}):")
+    lines += [f"  {name:<20} {size / GIB:9.3f} GiB" for name, size in total.rows()]
+    if device_gib:
+        budget = int((device_gib - reserve_gib) * GIB)
+        lines.append(f"  device {device_gib:g} GiB - reserve {reserve_gib:g} GiB for the rest = {budget / GIB:.2f} "
+                     f"GiB for the heads: {'fits' if total.total <= budget else 'does NOT fit'}")
+    return "\n".join(lines)
+
+
+def class_counts(text: str) -> "list[int]":
+    """--classes: one count, or one per set, comma-separated (10e6 is accepted)."""
+    try:
+        counts = [int(float(item)) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected class counts, comma-separated (e.g. 5.8e6,2e6), got {text!r}")
+    if any(count < 1 for count in counts):
+        raise argparse.ArgumentTypeError(f"every class count must be at least 1, got {text!r}")
+    return counts
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mxnet_pfc.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--classes", type=float, default=10e6, help="identities in all (default 1e7; 10e6 is accepted)")
+    p.add_argument("--classes", type=class_counts, default=[10_000_000],
+                   help="identities in all (default 1e7; 10e6 is accepted); several sets trained together: one "
+                        "count per set, comma-separated, each set its own head")
+    p.add_argument("--set-shares", type=lambda text: [float(v) for v in text.split(",")],
+                   help="several sets: each set's share of the batch, comma-separated (the trainer's --set_shares; "
+                        "default: in proportion to the class counts)")
     p.add_argument("--world", type=int, default=8, help="ranks (GPUs) in all (default 8)")
     p.add_argument("--embedding", type=int, default=512, help="embedding size (default 512)")
     p.add_argument("--sample-rate", type=float, default=0.1,
@@ -70,11 +118,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="GiB per device taken by the backbone, activations and framework (default 0)")
     p.add_argument("--published", action="store_true", help="print the published Partial FC settings instead")
     args = p.parse_args(argv)
-    if (args.classes < 1 or args.world < 1 or args.embedding < 1 or args.batch < 1 or args.grad_accum < 1
+    if (args.world < 1 or args.embedding < 1 or args.batch < 1 or args.grad_accum < 1
             or args.subcenters < 1):
         p.error("--classes, --world, --embedding, --batch, --grad-accum and --subcenters must be positive")
     if not 0 < args.sample_rate <= 1:
         p.error("--sample-rate must be in (0, 1]")
+    if args.set_shares is not None and len(args.classes) < 2:
+        p.error("--set-shares splits the batch between several sets: give one class count per set to --classes")
+    if len(args.classes) > 1:
+        try:
+            rows_per_set(args.batch, args.classes, args.set_shares)
+        except DataError as error:
+            p.error(f"--classes/--set-shares/--batch: {error}")
     return args
 
 
@@ -86,7 +141,11 @@ def main(argv=None) -> int:
                          device, args.reserve, args.grad_accum, args.subcenters))
             print()
         return 0
-    print(report("plan", int(args.classes), args.world, args.embedding, args.sample_rate, args.batch, args.dtype,
+    if len(args.classes) > 1:
+        print(report_sets(args.classes, args.set_shares, args.world, args.embedding, args.sample_rate, args.batch,
+                          args.dtype, args.device_memory, args.reserve, args.grad_accum, args.subcenters))
+        return 0
+    print(report("plan", args.classes[0], args.world, args.embedding, args.sample_rate, args.batch, args.dtype,
                  args.device_memory, args.reserve, args.grad_accum, args.subcenters))
     return 0
 

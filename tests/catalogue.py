@@ -29,7 +29,8 @@ LAYERS = {
                  ("test_checkpoint.py", "test_config.py", "test_distillation.py", "test_faults.py",
                   "test_insightface_files.py", "test_insightface_runs.py", "test_loss_fields.py",
                   "test_loss_presets.py", "test_module.py", "test_recipe.py", "test_run_history.py",
-                  "test_run_inputs.py", "test_starting_points.py", "test_training.py", "test_user_path.py")),
+                  "test_run_inputs.py", "test_sets_training.py", "test_starting_points.py", "test_training.py",
+                  "test_user_path.py")),
     "runtime": ("The processes of a run (`mxnet_pfc/runtime/`): launching and stopping ranks, the watchdog, the "
                 "elastic supervisor, Slurm, the output folder's files, errors and MXNet's files.",
                 ("test_array_files.py", "test_checkpoint_files.py", "test_elastic.py", "test_elastic_adopt.py",

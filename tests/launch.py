@@ -275,3 +275,19 @@ def frozen(pids):
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+def processes_with(text: str) -> list:
+    """PIDs of the live (not zombie) processes whose command line contains `text`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+            state = open(f"/proc/{entry}/stat", "rb").read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text.encode() in cmdline and state != b"Z":
+            found.append(int(entry))
+    return found

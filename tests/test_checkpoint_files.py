@@ -71,3 +71,31 @@ def test_what_the_supervisor_reads_loads_without_mxnet():
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_heads_of_several_sets_read_back_and_damaged_ones_are_refused_by_name(tmp_path):
+    """Format 4 (a run of several sets): extra_heads reads back with State.heads() in set order; a head whose
+    shards do not split its classes, a damaged class count, or extra heads in a format-3 file are refused,
+    naming the field, before a resume could fill a bank from them."""
+    heads = [{"num_classes": 6, "shards": [[0, 3], [3, 3]], "margin_state": {}},
+             {"num_classes": 5, "shards": [[0, 3], [3, 2]], "margin_state": {"t": 0.2}}]
+    state = checkpoints.State.of(RUN, sequence=1, step=10, world_size=2, num_classes=40, embedding_size=8,
+                                 shards=[[0, 20], [20, 20]], extra_heads=heads)
+    os.makedirs(tmp_path / "ok")
+    state.write(str(tmp_path / "ok"))
+    read = checkpoints.State.read(str(tmp_path / "ok"))
+    assert read == state and read.format == checkpoints.SETS_FORMAT
+    assert read.heads() == [(40, [[0, 20], [20, 20]]), (6, [[0, 3], [3, 3]]), (5, [[0, 3], [3, 2]])]
+    assert checkpoints.head_folder("C", 0) == "C" and checkpoints.head_folder("C", 2) == os.path.join("C", "set-2")
+    raw = json.loads((tmp_path / "ok" / checkpoints.STATE_FILE).read_text())
+    damaged = {
+        "extra_heads\\[1\\].shards' does not split 5 classes": {**raw, "extra_heads": [heads[0], {
+            **heads[1], "shards": [[0, 3], [3, 1]]}]},
+        "extra_heads\\[0\\] \\(set 1\\) has num_classes -6": {**raw, "extra_heads": [{**heads[0], "num_classes": -6}]},
+        "field 'extra_heads' is .* in format 4 only": {**raw, "format": 3},
+        "field 'extra_heads' is 7 ": {**raw, "extra_heads": 7},
+    }
+    for number, (message, fields) in enumerate(damaged.items()):
+        folder = write_checkpoint(tmp_path, f"bad{number}", fields)
+        with pytest.raises(CheckpointError, match=message):
+            checkpoints.State.read(folder)

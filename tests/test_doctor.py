@@ -221,3 +221,21 @@ def test_h100_machine_with_the_cuda_wheel_cannot_start_and_says_the_route(cuda_m
             "(no sm_9x code, no PTX); NVIDIA's MXNet containers (NGC) are built for sm_90") in out
     assert "config.sh  will stop: MXNet (mxnet-cu112==1.9.1) cannot run on NVIDIA H100 80GB HBM3" in out
     assert "A run cannot start here:\n  - the trainer refuses this machine: " in out and "NGC" in out
+
+
+def test_several_sets_are_judged_by_every_head(cuda_machine, tmp_path):
+    """--rec and --images as the trainer takes them, repeated: the verdict counts each set's head over its rows
+    of the batch (split by the sets' sizes), as the planner does."""
+    from mxnet_pfc.data import synthetic_set
+    from mxnet_pfc.data.set_rows import rows_per_set
+    from mxnet_pfc.head.memory_model import GIB, combined, head_memory
+
+    synthetic_set.generate(str(tmp_path / "a"), 40, 8, val_identities=10, val_pairs=100, seed=0)
+    synthetic_set.generate(str(tmp_path / "b"), 24, 8, val_identities=10, val_pairs=100, seed=1)
+    code, out = cuda_machine([A100_MEMORY] * 8, "--rec", str(tmp_path / "a" / "train.rec"), "--rec",
+                             str(tmp_path / "b" / "train.rec"), "--np", "2")
+    assert code == 0, out
+    rows = rows_per_set(128, [320, 192])
+    assert f"40 + 24 identities in 2 heads ({rows[0]} + {rows[1]} rows of each batch)" in out
+    total = combined([head_memory(n, 2, 512, 1.0, r) for n, r in zip((40, 24), rows)]).total
+    assert f"head {total / GIB:.2f} GiB per rank fits" in out

@@ -17,34 +17,22 @@ import sys
 
 import pytest
 
-from launch import ELASTIC, finish_command, start_command, wait_until
+from launch import ELASTIC, finish_command, processes_with, start_command, wait_until
 from launch import elastic_timeline as timeline
 from mxnet_pfc.runtime import run_lock, supervisor
 from mxnet_pfc.runtime.run_folder import RunFolder
 
 
-def mentioning(text: str) -> "list[int]":
-    """The processes whose command line holds `text`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and text.encode() in open(f"/proc/{entry}/cmdline", "rb").read():
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 def marked(mark: str) -> "list[int]":
     """The stand-in ranks marked `mark`."""
-    return mentioning(f"elastic-test-rank-{mark}")
+    return processes_with(f"elastic-test-rank-{mark}")
 
 
 @pytest.fixture(autouse=True)
 def nothing_left(tmp_path):
     """Whatever a failed test left running of its supervisors and jobs (each names tmp_path) is killed."""
     yield
-    for pid in mentioning(str(tmp_path)):
+    for pid in processes_with(str(tmp_path)):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

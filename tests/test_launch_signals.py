@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from launch import config_sh, start_command, wait_until
+from launch import config_sh, processes_with, start_command, wait_until
 
 # Measured 0.2-0.5 s (horovodrun) and 1-3 s (mpirun) here; allows for a slow, loaded machine
 # (the patched horovodrun sends SIGKILL 5 s after the second signal).
@@ -47,22 +47,6 @@ def training(output) -> list:
     """Trainer options: a long run on the built-in synthetic speed set, a step logged every 2."""
     return ["--dataset", "speed-1m", "--num_classes", 1000, "--network", "r18-lite", "--batch_size", 4,
             "--max_update", 100_000, "--frequent", 2, "--output", output]
-
-
-def processes_with(text: str) -> list:
-    """PIDs of the live (not zombie) processes whose command line contains `text`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
-            state = open(f"/proc/{entry}/stat", "rb").read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text.encode() in cmdline and state != b"Z":
-            found.append(int(entry))
-    return found
 
 
 def kill_everything(proc: subprocess.Popen, output) -> None:

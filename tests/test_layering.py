@@ -21,8 +21,8 @@ COMMANDS = {target.split(":")[0] for target in tomllib.loads((Path(REPO) / "pypr
 # Each folder's floor; symbols/ (the networks) stands beside the runtime; a module at the top is a command.
 FLOORS = {"runtime": 0, "symbols": 0, "head": 1, "data": 1, "models": 2, "eval": 3, "training": 4}
 COMMAND_FLOOR = 5
-# What the head may use of the runtime: collectives, errors, seeding, file writing.
-HEAD_RUNTIME = {f"mxnet_pfc.runtime.{name}" for name in ("comm", "errors", "seeding", "files")}
+# What the head may use of the runtime: collectives, errors, seeding, file writing, rows scaled to length 1.
+HEAD_RUNTIME = {f"mxnet_pfc.runtime.{name}" for name in ("comm", "errors", "seeding", "files", "vectors")}
 # The supervisor runs outside the ranks and without MXNet: it uses horovodrun's own test of which hosts are
 # local (comm, which imports MXNet, is Horovod's home in a rank).
 SUPERVISOR_HOROVOD = "horovod.runner.util.network"

@@ -125,8 +125,10 @@ def test_num_classes_must_cover_the_set(faces, tmp_path, caplog):
     index = folders.scan(str(faces))
     with pytest.raises(config_lib.ConfigError, match=f"num_classes = 50 was given.*states {IDENTITIES}.*{faces}"):
         resolve_config(own_config("--images", faces, "--num_classes", 50), 2, index)
-    with pytest.raises(config_lib.ConfigError, match="--images and --rec"):
-        own_config("--images", faces, "--rec", rec)
+    both = own_config("--images", faces, "--rec", rec)       # two sets, a head each (test_sets_training)
+    assert (both.images, both.rec, both.extra_sets) == (str(faces), "", (f"rec:{rec}",))
+    with pytest.raises(config_lib.ConfigError, match="--images and --rec .* are both set 0"):
+        config_lib.make_config({"images": str(faces), "rec": str(rec)})
     # --images drops the preset's data fields, as --rec does
     cfg = own_config("--images", faces)
     assert (cfg.rec, cfg.num_classes, cfg.synthetic_identities) == ("", 0, 0)

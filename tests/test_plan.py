@@ -119,3 +119,28 @@ def test_command_runs_without_mxnet():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=rank_env(), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "10M identities on 8 RTX 2080 Ti" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_several_sets_count_every_head_over_its_rows_of_the_batch():
+    """Two sets trained together (SetHeads): each head allocates its own bank and logits over its rows of the
+    batch; the planner's sum of the sets' heads is what they hold, and the command prints it."""
+    from mxnet_pfc.data.set_rows import rows_per_set
+    from mxnet_pfc.head.memory_model import combined
+    from mxnet_pfc.head.set_heads import SetHeads
+
+    classes, dim, batch, rate = [20_000, 5_000], 16, 8, 0.1
+    rows = rows_per_set(batch, classes)
+    heads = [PartialFC(CombinedMarginLoss(), embedding_size=dim, num_classes=n, sample_rate=rate) for n in classes]
+    rng = np.random.default_rng(0)
+    labels = np.concatenate([rng.integers(0, n, r) for n, r in zip(classes, rows)])
+    SetHeads(heads, rows).forward_backward(mx.nd.array(rng.normal(size=(batch, dim))), labels)
+    total = combined([head_memory(n, 1, dim, rate, r) for n, r in zip(classes, rows)])
+    assert total.centers == sum(head.bank.weight.size * 4 for head in heads)
+    assert total.logits == sum(head.workspace._flat["logits"].size * 4 for head in heads)
+    assert total.num_sample == sum(head.sampled_index.shape[0] for head in heads)
+    out = subprocess.run([sys.executable, "-m", "mxnet_pfc.plan", "--classes", "20000,5000", "--world", "1",
+                          "--embedding", str(dim), "--batch", str(batch)], cwd=REPO, env=rank_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"all 2 heads on each rank (batch {batch}/rank = {rows[0]} + {rows[1]})" in out.stdout
+    assert f"head total (device)  {total.total / GIB:9.3f} GiB" in out.stdout.split("all 2 heads")[1]

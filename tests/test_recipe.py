@@ -13,7 +13,8 @@ from mxnet_pfc.training import run_length
 
 # make_config({}) at commit 1769cfc, before recipes: `make run` must train exactly this.
 SYNTHETIC_DEFAULT = {
-    'dataset': 'synthetic', 'rec': 'output/data/synthetic/train.rec', 'images': '', 'num_classes': 500,
+    'dataset': 'synthetic', 'rec': 'output/data/synthetic/train.rec', 'images': '', 'extra_sets': (),
+    'num_classes': 500, 'extra_classes': (), 'set_shares': (), 'set_weights': (),
     'num_images': 0, 'val_targets': ('output/data/synthetic/val.bin',), 'ijb_targets': (), 'image_size': 112,
     'synthetic_identities': 500, 'synthetic_images_per_identity': 32, 'synthetic_val_pairs': 1000,
     'decode_threads': 2, 'network': 'r18-lite', 'network_output': '', 'embedding_size': 128, 'dropout': 0.0,

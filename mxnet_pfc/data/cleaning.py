@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mxnet_pfc.runtime.vectors import unit_rows
+
 DEFAULT_THRESHOLD = 75.0        # degrees: the paper's and drop.py's
 
 
@@ -27,13 +29,6 @@ class ClassVerdict:
     dominant: int           # the dominant sub-center, 0 .. K - 1
     angles: np.ndarray      # each image's angle to it, in degrees
     kept: np.ndarray        # bool per image: within the threshold
-
-
-def unit_rows(array: np.ndarray) -> np.ndarray:
-    """Rows scaled to length 1 (a zero row stays zero), in float64."""
-    array = np.asarray(array, dtype=np.float64)
-    norms = np.linalg.norm(array, axis=-1, keepdims=True)
-    return array / np.where(norms > 0, norms, 1.0)
 
 
 def judge_class(embeddings: np.ndarray, subcenters: np.ndarray, threshold: float = DEFAULT_THRESHOLD) -> ClassVerdict:

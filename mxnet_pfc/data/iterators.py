@@ -28,6 +28,7 @@ from mxnet_pfc.data.records import (
     read_record,
     unpack_image_record,
 )
+from mxnet_pfc.data.set_rows import rows_per_set  # noqa: F401  (re-exported: the sets' rows of a batch)
 
 log = logging.getLogger(__name__)
 
@@ -240,10 +241,11 @@ class RecordSource:
 
 
 class RecordIter(ShardedIter):
-    """This rank's shard of an InsightFace RecordIO set (see ShardedIter)."""
+    """This rank's shard of an InsightFace RecordIO set (see ShardedIter): the path of its train.rec, or the
+    set opened already (a RecordSource)."""
 
-    def __init__(self, rec_path: str, batch_size: int, num_classes: int, *args, **options):
-        source = RecordSource(rec_path)
+    def __init__(self, rec_path: "str | RecordSource", batch_size: int, num_classes: int, *args, **options):
+        source = rec_path if isinstance(rec_path, RecordSource) else RecordSource(rec_path)
         self.reader, self.records = source.reader, source.records
         check_identity_count(self.records, num_classes)
         super().__init__(source, batch_size, num_classes, *args, **options)
@@ -294,23 +296,6 @@ class DummyIter:
 
     def close(self) -> None:
         pass
-
-
-def rows_per_set(batch_size: int, sizes: "list[int]", shares: "list[float] | None" = None) -> "list[int]":
-    """Each set's rows of a rank's batch of `batch_size`: in proportion to `shares` (default: the sets' sizes),
-    rounded by largest remainder so that they sum to batch_size, at least 1 each."""
-    shares = [float(n) for n in (sizes if shares is None else shares)]
-    if len(shares) != len(sizes) or any(not np.isfinite(v) or v <= 0 for v in shares):
-        raise DataError(f"set shares {shares}: one positive number per set ({len(sizes)})")
-    if batch_size < len(sizes):
-        raise DataError(f"a batch of {batch_size} per rank cannot hold a row of each of {len(sizes)} sets")
-    exact = [batch_size * v / sum(shares) for v in shares]
-    rows = [max(1, int(x)) for x in exact]
-    while sum(rows) > batch_size:           # the floors of 1 took rows: from the set furthest above its share
-        rows[max((i for i in range(len(rows)) if rows[i] > 1), key=lambda i: rows[i] - exact[i])] -= 1
-    while sum(rows) < batch_size:           # largest remainder
-        rows[max(range(len(rows)), key=lambda i: exact[i] - rows[i])] += 1
-    return rows
 
 
 class SetsIter:
@@ -392,13 +377,8 @@ def open_sets(cfg, rank: int, world: int, indexes: dict, options: dict) -> SetsI
     iters = []
     try:
         for source, count, num_classes in zip(sources, rows, classes):
-            if isinstance(source, RecordSource):
-                check_identity_count(source.records, num_classes)
-            elif source.num_classes > num_classes:
-                raise DataError(f"{source.root}: holds {source.num_classes} identity folders, "
-                                f"more than its class count {num_classes}")
-            iters.append(ShardedIter(source, count, num_classes, rank, world, threads=cfg.decode_threads,
-                                     **options))
+            kind = RecordIter if isinstance(source, RecordSource) else FolderIter
+            iters.append(kind(source, count, num_classes, rank, world, threads=cfg.decode_threads, **options))
     except BaseException:
         for it in iters:
             it.close()

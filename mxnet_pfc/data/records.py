@@ -16,16 +16,12 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
+from mxnet_pfc.data.errors import DataError  # noqa: F401  (raised here; imported from here by many)
 from mxnet_pfc.data.faces import FACE_SIZE, ImageError, decode_face
-from mxnet_pfc.runtime.errors import PfcError
 from mxnet_pfc.runtime.files import read_regular_file
 
 # RecordIO labels are float32, which names every integer up to 2^24 exactly (not beyond): class ids 0 .. MAX_CLASSES - 1
 MAX_CLASSES = 2 ** (np.finfo(np.float32).nmant + 1)
-
-
-class DataError(PfcError, ValueError):
-    """A data set that cannot be read as described: names the file and the problem."""
 
 
 @dataclass(frozen=True)

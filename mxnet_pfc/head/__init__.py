@@ -9,5 +9,5 @@ the ranks), memory_model (what a head holds in memory), kernels (build:
 compiling and loading the fused C++ operators; ops: the HeadOps interface, the
 fused operators and their MXNet fallback).
 It imports nothing from training, data or the supervisor; of the runtime only
-comm, errors, seeding and files.
+comm, errors, seeding, files and vectors.
 """

@@ -15,13 +15,7 @@ import mxnet as mx
 import numpy as np
 
 from mxnet_pfc.runtime import comm
-
-
-def unit(rows: np.ndarray) -> np.ndarray:
-    """Rows of length 1 in float32 (a zero row stays zero: its cosine with anything is 0)."""
-    rows = np.asarray(rows, dtype=np.float32)
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    return rows / np.where(norms > 0, norms, 1)
+from mxnet_pfc.runtime.vectors import unit_rows
 
 
 def merge_top(best_cos: np.ndarray, best_id: np.ndarray, cos: np.ndarray, ids: np.ndarray, k: int):
@@ -76,13 +70,13 @@ def most_similar(local_a: np.ndarray, local_b: np.ndarray, b_start: int, k: int,
     all: the missing places hold cosine -inf and id -1. Each block is compared with the A rows a chunk at a
     time (SCORE_BYTES of cosines). With `ctx` (a GPU), the products and each chunk's top k are computed there
     (the blocks still travel through host memory); without, by NumPy."""
-    a = unit(local_a)
+    a = unit_rows(local_a, np.float32)
     width = a.shape[1]
     a_on_ctx = mx.nd.array(a, ctx=ctx) if ctx is not None and len(a) else None
     shards = [(int(n), int(s)) for n, s in comm.gather_rows([len(local_b), b_start])]
     best_cos = np.full((len(a), k), -np.inf, dtype=np.float32)
     best_id = np.full((len(a), k), -1, dtype=np.int64)
-    mine = unit(local_b)
+    mine = unit_rows(local_b, np.float32)
     for owner, (count, start) in enumerate(shards):
         for first in range(0, count, block_rows):
             rows = min(block_rows, count - first)

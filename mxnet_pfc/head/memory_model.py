@@ -30,7 +30,7 @@ them as --reserve (measure a run with a small head to find yours).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from mxnet_pfc.head.sampler import expected_draws, max_sampled_centers, num_sampled_centers, shard_range
 
@@ -90,6 +90,12 @@ def head_memory(classes: int, world: int, embedding: int, rate: float, batch: in
     logits = n * num_sample * 4 * (1 + (5 * K if K > 1 else 0))
     return HeadMemory(num_local, num_sample, centers=bank, momentum=bank, sampled=sampled,
                       logits=logits, gradients=n * embedding * 4 * 4, held_gradients=held, host=host)
+
+
+def combined(memories: "list[HeadMemory]") -> HeadMemory:
+    """Several sets' heads on one rank (one per set, each over its rows of the batch): every head keeps its
+    own bank, buffers and sampler, so the rank holds their sum."""
+    return HeadMemory(*(sum(getattr(m, f.name) for m in memories) for f in fields(HeadMemory)))
 
 
 def fits(classes, world, embedding, rate, batch, dtype, budget, grad_accum=1, subcenters=1) -> bool:

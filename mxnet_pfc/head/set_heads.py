@@ -33,6 +33,8 @@ class SetHeads:
         if any(not np.isfinite(w) or w <= 0 for w in weights):
             raise ValueError(f"set weights {weights}: each must be a positive finite number")
         self.heads, self.rows, self.weights = list(heads), [int(n) for n in rows], weights
+        self.set_losses = [float("nan")] * len(heads)     # each set's mean loss over the last step's micro-batches
+        self._step_losses: "list[list[float]]" = []
         for head, weight in zip(self.heads, self.weights):
             head.loss_weight = weight        # scales the embeddings' gradient and the centers'
 
@@ -66,13 +68,18 @@ class SetHeads:
             raise ValueError(f"a batch of {local_embeddings.shape[0]} rows on this rank; the sets give "
                              f"{' + '.join(map(str, self.rows))} = {self.batch_rows}")
         labels = np.asarray(local_labels.asnumpy() if isinstance(local_labels, nd.NDArray) else local_labels)
-        total, grads, start = 0.0, [], 0
+        total, grads, start, losses = 0.0, [], 0, []
         for head, count, weight in zip(self.heads, self.rows, self.weights):
             loss, grad = head.forward_backward(local_embeddings[start:start + count], labels[start:start + count],
                                                micro_batches, update)
             total += weight * loss
             grads.append(grad)
+            losses.append(loss)
             start += count
+        self._step_losses.append(losses)
+        if update:          # the step's last micro-batch
+            self.set_losses = [float(v) for v in np.mean(self._step_losses, axis=0)]
+            self._step_losses = []
         return total, nd.concat(*grads, dim=0)
 
 

@@ -6,6 +6,6 @@ folder (run_folder), and what a run leaves there, readable without MXNet: its ch
 order and state.json (checkpoints), the failure records of its ranks (failure_records) and the
 records the trainer and the supervisor exchange (supervisor_messages). A rank's environment
 (rank_environment) and its launcher (launch_rank, which config.sh execs), Slurm's facts (slurm), and
-the elastic supervisor that relaunches the trainer. Nothing here imports a higher floor
+the elastic supervisor that relaunches the trainer, and unit rows (vectors). Nothing here imports a higher floor
 (docs/DESIGN.md's table of floors).
 """

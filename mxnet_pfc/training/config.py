@@ -292,7 +292,9 @@ FIELD_HELP = {
                     "training images under the starting backbone, one pass over the set before step 1); or a "
                     "FOLDER holding centers and momentum: a checkpoint of this project (any world size) or an "
                     "output folder of InsightFace's MXNet Partial FC (RANK_centers.param and "
-                    "RANK_centers_mom.param). Ignored when resuming.",
+                    "RANK_centers_mom.param). Several sets: one for all (a FOLDER then holds a run of as many "
+                    "sets), or one per set, comma-separated (a FOLDER: a run of that one set). Ignored when "
+                    "resuming.",
     "batch_size": "Images per rank per micro-batch; a step trains on batch_size x ranks x grad_accum images.",
     "grad_accum": "Micro-batches per optimizer step (gradient accumulation): gradients add up over them and the "
                   "backbone and centers update once; steps, epochs and the schedule count optimizer steps.",
@@ -501,14 +503,18 @@ def validate(config: Config) -> None:
             "names an output of a symbol file given as --network; the registered networks have one")
     require(not (symbols.is_symbol_file(config.network) and (config.fp16 or config.dropout)), "network",
             "a symbol file is trained as written: no --dropout, no --fp16 (build them into the graph)")
-    require(config.init_centers not in ("", "none"), "init_centers",
+    starts = init_centers_of(config)
+    require(all(start not in ("", "none") for start in starts), "init_centers",
             f"one of {', '.join(INIT_CENTERS)}, or a folder holding centers (a checkpoint, or an output folder of "
-            "InsightFace's MXNet Partial FC)")
-    require(config.init_centers != INIT_IMPRINT or config.rec or config.images, "init_centers",
+            "InsightFace's MXNet Partial FC); with several sets one for all or one per set, comma-separated")
+    require(INIT_IMPRINT not in starts or config.rec or config.images, "init_centers",
             "imprint embeds the training images: it needs --rec or --images (not dummy data)")
+    require(len(starts) in (1, 1 + len(config.extra_sets)), "init_centers",
+            f"one starting point for every set, or one per set ({1 + len(config.extra_sets)}), comma-separated")
     inside_output = [name for name in ("pretrained", "init_centers", "teacher", "network")
                      if (name != "network" or symbols.is_symbol_file(config.network))     # not a registered name
-                     and _is_within(split_prefix(getattr(config, name))[0], config.output)]
+                     and any(_is_within(split_prefix(path)[0], config.output)
+                             for path in (starts if name == "init_centers" else [getattr(config, name)]))]
     require(not (config.start_over and inside_output), "start_over",
             f"moves {config.output}'s files to its earlier-runs/ before the run reads them, and "
             f"--{', --'.join(inside_output)} names a path inside it: copy what you start from out of "
@@ -539,8 +545,6 @@ def validate(config: Config) -> None:
         require(not values or (several and len(values) == len(sets)), name,
                 f"one number per set ({len(sets)} set(s)), given with several sets (repeat --rec/--images)")
         require(all(math.isfinite(v) and v > 0 for v in values), name, "each must be a positive number")
-    require(not (several and config.init_centers not in INIT_CENTERS), "init_centers",
-            "a folder of centers is one set's: with several sets start them at random or imprint each set's")
     require(not (several and config.synthetic_identities), "synthetic_identities",
             "generates one set: generate each set first (python -m mxnet_pfc.data.synthetic), then train on them")
     require(config.num_classes >= 1 or ((config.rec or config.images) and config.num_classes == 0), "num_classes",
@@ -590,6 +594,12 @@ def validate(config: Config) -> None:
     require(config.synthetic_identities == 0 or config.rec, "synthetic_identities", "generation needs --rec")
     require(config.synthetic_identities in (0, config.num_classes) or config.num_classes == 0, "synthetic_identities",
             f"a generated set has one class per identity: must equal num_classes ({config.num_classes}) or be 0")
+
+
+def init_centers_of(config: Config) -> "list[str]":
+    """--init_centers as given: one starting point (random, imprint or a folder) for every set, or with several
+    sets one per set, comma-separated (a folder named once for several sets must hold as many sets' heads)."""
+    return config.init_centers.split(",") if config.extra_sets else [config.init_centers]
 
 
 def _is_within(path: str, folder: str) -> bool:

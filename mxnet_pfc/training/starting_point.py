@@ -20,9 +20,12 @@ once they exist, and makes sure every rank started from the same files.
   MXNet Partial FC (insightface_run.py); centers and momentum, re-sharded.
 - --init_centers imprint: one pass over the training set before step 1 under
   the starting backbone (`imprint`).
+- Several sets: one of these for every set (a folder then holds a run of as
+  many sets, each head read from its own), or one per set, comma-separated.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -44,7 +47,7 @@ from mxnet_pfc.runtime.errors import CheckpointError, ConfigError, quoted, short
 from mxnet_pfc.runtime.mxnet_files import load_params
 from mxnet_pfc.runtime.run_folder import ModelFiles, RunFolder, split_prefix
 from mxnet_pfc.training import insightface_run
-from mxnet_pfc.training.config import INIT_IMPRINT, INIT_RANDOM
+from mxnet_pfc.training.config import INIT_IMPRINT, INIT_RANDOM, init_centers_of
 
 log = logging.getLogger(logs.ROOT_LOGGER)
 
@@ -85,12 +88,13 @@ class InitialCenters:
 class StartingPoint:
     """What a fresh run starts from, beyond random: None for each part left random."""
     pretrained: "Pretrained | None" = None
-    centers: "InitialCenters | None" = None
-    imprint: bool = False
+    centers: "tuple[InitialCenters | None, ...]" = ()     # each set's, set 0 first (None: random or imprinted)
+    imprint: "tuple[bool, ...]" = ()                      # each set's: imprinted before step 1
 
     def sources(self) -> str:
         """Which files it was read from: the same on every rank, or the ranks did not start alike."""
-        return f"{self.pretrained.source if self.pretrained else ''}|{self.centers.source if self.centers else ''}"
+        return "|".join([self.pretrained.source if self.pretrained else ""]
+                        + [centers.source if centers else "" for centers in self.centers])
 
 
 def read_starting_point(cfg, rank: int, world: int, symbol: mx.sym.Symbol, subcenters: int) -> StartingPoint:
@@ -98,18 +102,26 @@ def read_starting_point(cfg, rank: int, world: int, symbol: mx.sym.Symbol, subce
     ConfigError or CheckpointError naming the file and what does not fit."""
     pretrained = read_pretrained(cfg.pretrained, symbol, (cfg.batch_size, 3, cfg.image_size, cfg.image_size)) \
         if cfg.pretrained else None
-    centers = None
-    if cfg.init_centers not in (INIT_RANDOM, INIT_IMPRINT):
-        if not os.path.isdir(cfg.init_centers):
-            raise ConfigError(f"init_centers = {quoted(cfg.init_centers)}: not {INIT_RANDOM} or {INIT_IMPRINT}, and no "
+    classes = [cfg.num_classes, *cfg.extra_classes]
+    starts = init_centers_of(cfg)
+    one_for_all = len(starts) == 1
+    starts = starts * len(classes) if one_for_all else starts
+    centers = []
+    for number, (start, count) in enumerate(zip(starts, classes)):
+        if start in (INIT_RANDOM, INIT_IMPRINT):
+            centers.append(None)
+            continue
+        if not os.path.isdir(start):
+            raise ConfigError(f"init_centers = {quoted(start)}: not {INIT_RANDOM} or {INIT_IMPRINT}, and no "
                               "such folder")
-        class_start, num_local = shard_range(cfg.num_classes, rank, world)
-        centers = read_centers(cfg.init_centers, cfg.num_classes, cfg.embedding_size, subcenters, class_start,
-                               num_local)
-    if cfg.init_centers == INIT_IMPRINT and subcenters > 1:
+        class_start, num_local = shard_range(count, rank, world)
+        centers.append(read_centers(start, count, cfg.embedding_size, subcenters, class_start, num_local,
+                                    set_number=number if one_for_all else 0,
+                                    sets=len(classes) if one_for_all else 1))
+    if INIT_IMPRINT in starts and subcenters > 1:
         raise ConfigError(f"init_centers = {INIT_IMPRINT!r}: imprinting gives one center per class, and sub-center "
                           f"ArcFace's {subcenters} centers of a class must differ; start them at random")
-    return StartingPoint(pretrained, centers, cfg.init_centers == INIT_IMPRINT)
+    return StartingPoint(pretrained, tuple(centers), tuple(start == INIT_IMPRINT for start in starts))
 
 
 def pretrained_params(spec: str) -> "tuple[dict, dict, str]":
@@ -166,9 +178,10 @@ def read_pretrained(spec: str, symbol: mx.sym.Symbol, data_shape: tuple) -> Pret
 
 
 def read_centers(folder: str, num_classes: int, embedding_size: int, subcenters: int, class_start: int,
-                 num_local: int) -> InitialCenters:
+                 num_local: int, set_number: int = 0, sets: int = 1) -> InitialCenters:
     """This rank's starting centers from `folder`: a checkpoint of this project (or a run folder's latest)
-    or a run of InsightFace's MXNet Partial FC, checked against this run's classes and width."""
+    or a run of InsightFace's MXNet Partial FC, checked against this run's classes and width. With
+    `sets` > 1 the checkpoint holds a run of as many sets, and set `set_number`'s head is read."""
     where = f"init_centers = {quoted(folder)}"
     path = folder
     if not checkpoints.is_checkpoint(path) and os.path.isdir(RunFolder(path).checkpoints):
@@ -176,13 +189,24 @@ def read_centers(folder: str, num_classes: int, embedding_size: int, subcenters:
         path = newest.path if newest is not None else path
     if checkpoints.is_checkpoint(path):
         state = checkpoints.State.read(path)
-        problems = checkpoints.head_mismatches(state, num_classes, embedding_size, subcenters)
+        heads = state.heads()
+        if len(heads) != sets:
+            raise CheckpointError(f"{where}: checkpoint {path} holds the heads of {len(heads)} set(s), and this run "
+                                  f"starts {sets} set(s) from it: name one folder per set, comma-separated")
+        saved_classes, shards = heads[set_number]
+        problems = checkpoints.head_mismatches(dataclasses.replace(state, num_classes=saved_classes), num_classes,
+                                               embedding_size, subcenters)
         if problems:
-            raise CheckpointError(f"{where}: checkpoint {path} does not fit: " + "; ".join(problems))
-        centers, momentum = read_saved_rows(path, state.shards, class_start, num_local, embedding_size,
-                                            subcenters)
-        return InitialCenters(f"checkpoint {path} ({state.world_size} rank(s))", centers, momentum)
+            which = f" (set {set_number})" if sets > 1 else ""
+            raise CheckpointError(f"{where}: checkpoint {path}{which} does not fit: " + "; ".join(problems))
+        centers, momentum = read_saved_rows(checkpoints.head_folder(path, set_number), shards, class_start, num_local,
+                                            embedding_size, subcenters)
+        which = f", its set {set_number}" if sets > 1 else ""
+        return InitialCenters(f"checkpoint {path} ({state.world_size} rank(s){which})", centers, momentum)
     if insightface_run.is_run_folder(folder):
+        if sets > 1:
+            raise ConfigError(f"{where}: a run of InsightFace's Partial FC holds one set's centers, and this run "
+                              f"starts {sets} sets from it: name one folder per set, comma-separated")
         if subcenters > 1:
             raise CheckpointError(f"{where}: InsightFace's Partial FC keeps one center per class, this run "
                                   f"{subcenters}")
@@ -215,16 +239,18 @@ def apply_starting_point(point: StartingPoint, module, heads: list, sources: lis
                 current.update({name: value.astype(current[name].dtype) for name, value in given.items()})
             module.set_params(arg_params, aux_params)
             (log.warning if point.pretrained.kept_random else log.info)(point.pretrained.describe())
-        if point.centers is not None:
-            heads[0].bank.set_all(point.centers.centers, point.centers.momentum)     # one set (config.validate)
-            log.info(f"class centers and their momentum from {point.centers.source}")
+        for number, (head, centers) in enumerate(zip(heads, point.centers)):
+            if centers is not None:
+                head.bank.set_all(centers.centers, centers.momentum)
+                log.info(f"{f'set {number}: ' if len(heads) > 1 else ''}class centers and their momentum from "
+                         f"{centers.source}")
     if point.pretrained is not None:
         arg_params, aux_params = module.get_params()
         comm.broadcast_parameters(arg_params)
         comm.broadcast_parameters(aux_params)
         module.set_params(arg_params, aux_params)
-    if point.imprint:
-        for number, (head, source) in enumerate(zip(heads, sources)):
+    for number, (head, source, imprinted) in enumerate(zip(heads, sources, point.imprint)):
+        if imprinted:
             if len(heads) > 1 and rank == 0:
                 log.info(f"imprinting the centers of set {number}")
             imprint(module, head.bank, source, cfg, rank, world)

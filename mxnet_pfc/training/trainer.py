@@ -319,7 +319,9 @@ class Trainer:
         """Rank 0: the progress line and its metrics record."""
         if self.rank != 0:
             return
-        log.info(progress_line(done, self.plan.max_update, self.cfg.grad_accum, epoch, loss, lr, figures))
+        set_losses = self.head.set_losses if isinstance(self.head, SetHeads) else []
+        log.info(progress_line(done, self.plan.max_update, self.cfg.grad_accum, epoch, loss, lr, figures)
+                 + (" | sets' losses " + ", ".join(f"{value:.4f}" for value in set_losses) if set_losses else ""))
         self.metrics.write(done, epoch=epoch, loss=loss, lr=lr, world_size=self.world,
                            samples_per_sec_per_rank=figures["samples_per_sec_per_rank"],
                            samples_per_sec=figures["samples_per_sec"],
@@ -327,7 +329,8 @@ class Trainer:
                            **{f"phase/{name}": share for name, share in figures["phases"].items()},
                            **{f"margin/{'' if number == 0 else f'set{number}/'}{name}": value
                               for number, head in enumerate(self.heads) for name, value in head.margin.state().items()},
-                           **({"distill/cosine": self.module.distill_cosine} if self.setup.teacher else {}))
+                           **({"distill/cosine": self.module.distill_cosine} if self.setup.teacher else {}),
+                           **{f"loss/set{number}": value for number, value in enumerate(set_losses)})
 
     def verify(self, step: int, params=None) -> dict:
         """Rank 0: the verification report of `params` (default: rank 0's current backbone).
