@@ -197,3 +197,9 @@ def test_unusable_inputs_are_refused_naming_the_problem(three_sets, tmp_path):
                               cwd=REPO, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         assert done.returncode == 1 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_groups_join_pairs_transitively_numbered_by_their_first_member():
+    sets = [overlap.SetHead(s, "", n, [], "") for s, n in enumerate((4, 3, 2))]
+    group = overlap.groups(sets, {(0, 3, 1, 0), (1, 0, 2, 1), (0, 1, 2, 0)})
+    assert [g.tolist() for g in group] == [[0, 1, 2, 3], [3, 4, 5], [1, 3]]
