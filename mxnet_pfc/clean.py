@@ -41,7 +41,6 @@ from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
 from mxnet_pfc.runtime.files import RecordFileError, read_json, write_json
 from mxnet_pfc.runtime.options import positive_int
-from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger("mxnet_pfc.clean")
 OWNER = ".cleaned-by-mxnet-pfc"       # written first into the output folder: only such a folder is rewritten
@@ -50,16 +49,6 @@ COMPLETE = "COMPLETE"
 
 class CleanError(PfcError, ValueError):
     """An input of the clean command that cannot be used."""
-
-
-def checkpoint_of(run: str) -> str:
-    """The checkpoint RUN names: itself, or a run folder's latest."""
-    if checkpoints.is_checkpoint(run):
-        return run
-    newest = checkpoints.latest(RunFolder(run).checkpoints)
-    if newest is None:
-        raise CleanError(f"{run}: neither a checkpoint folder (state.json) nor a run folder with checkpoints/")
-    return newest.path
 
 
 def check_output(out: str, rec: str) -> None:
@@ -171,7 +160,7 @@ def run(args) -> None:
     comm.init()
     rank, world = comm.rank(), comm.size()
     with comm.fail_together("reading the run and the set"):
-        checkpoint = checkpoint_of(args.run)
+        checkpoint = checkpoints.of_run(args.run)
         state = checkpoints.State.read(checkpoint)
         heads = state.heads()
         if args.set >= len(heads):

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from mxnet_pfc.data.faces import FACE_SIZE
 from mxnet_pfc.data.folders import scan
-from mxnet_pfc.data.iterators import training_sets
+from mxnet_pfc.data.iterators import TrainingSet, training_sets
 from mxnet_pfc.data.records import DataError, RecordWriter, open_records, unpack_image_record
 from mxnet_pfc.eval import plots
 from mxnet_pfc.head.center_search import most_similar
@@ -52,7 +52,6 @@ from mxnet_pfc.runtime.device import add_context_option, choose_context
 from mxnet_pfc.runtime.errors import PfcError, exit_status
 from mxnet_pfc.runtime.files import write_json
 from mxnet_pfc.runtime.options import positive_int
-from mxnet_pfc.runtime.run_folder import RunFolder
 
 log = logging.getLogger("mxnet_pfc.overlap")
 # Two centers of the same person, trained in two heads, both lie near that person's mean embedding: cosines of
@@ -71,21 +70,21 @@ class OverlapError(PfcError, ValueError):
 
 @dataclass(frozen=True)
 class SetHead:
-    """Set `index` of the run: where its images are ("rec:PATH", "images:PATH" as data.iterators.training_sets
-    names them; '' if the configuration does not say) and its head in the checkpoint."""
+    """Set `index` of the run: where its images are (data.iterators.training_sets's; None if the configuration
+    does not say) and its head in the checkpoint."""
     index: int
-    source: str
+    source: "TrainingSet | None"
     num_classes: int
     shards: list
     folder: str                  # of its bank's shard files
 
     @property
     def kind(self) -> str:
-        return self.source.split(":", 1)[0]
+        return self.source.kind if self.source else ""
 
     @property
     def path(self) -> str:
-        return self.source.split(":", 1)[1] if ":" in self.source else ""
+        return self.source.path if self.source else ""
 
     def data_folder(self) -> str:
         """The folder holding the set's files (a .rec's folder, an image folder itself)."""
@@ -96,17 +95,6 @@ class SetHead:
         return f"set {self.index} ({self.source or 'source not recorded'}, {self.num_classes:,} classes)"
 
 
-def checkpoint_of(run: str) -> str:
-    """The checkpoint RUN names: itself, or a run folder's latest (as clean.checkpoint_of: a command may not
-    import another; its home would be runtime/checkpoints.py)."""
-    if checkpoints.is_checkpoint(run):
-        return run
-    newest = checkpoints.latest(RunFolder(run).checkpoints)
-    if newest is None:
-        raise OverlapError(f"{run}: neither a checkpoint folder (state.json) nor a run folder with checkpoints/")
-    return newest.path
-
-
 def run_sets(ckpt: str, state: checkpoints.State) -> "list[SetHead]":
     """The sets of the run whose checkpoint is `ckpt`; refuses a run of one set."""
     heads = state.heads()
@@ -115,12 +103,11 @@ def run_sets(ckpt: str, state: checkpoints.State) -> "list[SetHead]":
                            "of a run of several (--rec A/train.rec --rec B/train.rec ...)")
     config = state.config
     try:
-        named = [str(spec) for spec in training_sets(config.get("rec", ""), config.get("images", ""),
-                                                     config.get("extra_sets") or ())]
+        named = training_sets(config.get("rec", ""), config.get("images", ""), config.get("extra_sets") or ())
     except DataError:
         named = []
     if len(named) != len(heads):            # a configuration that does not name the sets: the search still runs
-        named = [""] * len(heads)
+        named = [None] * len(heads)
     return [SetHead(s, named[s], count, shards, checkpoints.head_folder(ckpt, s))
             for s, (count, shards) in enumerate(heads)]
 
@@ -251,7 +238,7 @@ def write_findings(args, sets: "list[SetHead]", found: dict, pairs: dict, ckpt: 
                              "classes_matched": [len({key[1] for key in here}), len({key[3] for key in here})]})
     report = {"checkpoint": os.path.realpath(ckpt), "threshold": args.threshold, "top_k": args.top_k,
               "subcenters": K, "pairs": len(pairs),
-              "sets": [{"set": s.index, "source": s.source, "classes": s.num_classes} for s in sets],
+              "sets": [{"set": s.index, "source": str(s.source or ""), "classes": s.num_classes} for s in sets],
               "pairs_of_sets": per_pair,
               "best_cosine_histogram": {"edges": edges.tolist(), **{
                   f"{a}->{b}": r["histogram"].tolist() for (a, b), r in sorted(found.items())}}}
@@ -354,7 +341,7 @@ def run(args) -> None:
     comm.init()
     rank, world = comm.rank(), comm.size()
     with comm.fail_together("reading the run"):
-        ckpt = checkpoint_of(args.run)
+        ckpt = checkpoints.of_run(args.run)
         state = checkpoints.State.read(ckpt)
         sets = run_sets(ckpt, state)
         for folder, what in ((args.out, "--out"), (args.merge, "--merge")):

@@ -200,6 +200,6 @@ def test_unusable_inputs_are_refused_naming_the_problem(three_sets, tmp_path):
 
 
 def test_groups_join_pairs_transitively_numbered_by_their_first_member():
-    sets = [overlap.SetHead(s, "", n, [], "") for s, n in enumerate((4, 3, 2))]
+    sets = [overlap.SetHead(s, None, n, [], "") for s, n in enumerate((4, 3, 2))]
     group = overlap.groups(sets, {(0, 3, 1, 0), (1, 0, 2, 1), (0, 1, 2, 0)})
     assert [g.tolist() for g in group] == [[0, 1, 2, 3], [3, 4, 5], [1, 3]]

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from mxnet_pfc.runtime.errors import CheckpointError, quoted
 from mxnet_pfc.runtime.files import read_json, write_json
+from mxnet_pfc.runtime.run_folder import RunFolder
 
 # 4: a run of several sets (one head per set: extra_heads, their banks in set-S/); 3: state.json without the fields
 # nobody read (network and seed are the configuration's); 2: optimizer-states.params (arrays only); 1: MXNet's
@@ -277,6 +278,16 @@ def locate(root: str, which: str) -> str:
         if is_checkpoint(candidate):
             return candidate
     raise CheckpointError(f"--resume {which}: not a complete checkpoint folder (no state.json)")
+
+
+def of_run(run: str) -> str:
+    """The checkpoint a command's RUN argument names: a checkpoint folder itself, or a run folder's latest."""
+    if is_checkpoint(run):
+        return run
+    newest = latest(RunFolder(run).checkpoints)
+    if newest is None:
+        raise CheckpointError(f"{run}: neither a checkpoint folder (state.json) nor a run folder with checkpoints/")
+    return newest.path
 
 
 def head_mismatches(state: State, num_classes: int, embedding_size: int, subcenters: int = 1) -> "list[str]":
