@@ -55,7 +55,7 @@ bench-memory: setup          ## peak host memory per rank over a whole run and i
 bench-finetune: setup        ## fine-tuning a trained model on another synthetic set, and a 64-d student distilled from it (docs/benchmarks.md)
 	NP=$(NP) bash benchmarks/fine_tune.sh $(ARGS)
 
-bench-clean: setup           ## a noisy synthetic set cleaned by a sub-center run, then ArcFace on noisy, cleaned and clean sets (about 170 MB, 30 minutes; docs/benchmarks.md)
+bench-clean: setup           ## a noisy synthetic set cleaned by a sub-center run, then ArcFace on noisy, cleaned and clean sets (about 30 MB, 30-45 minutes; docs/benchmarks.md)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/clean_retrain.py $(ARGS)
 
 bench-data: setup            ## a 1M-record set and a 200k-image folder, built once (about 6 GB, 5 minutes): start-up, shuffle, resume, decoding, data.check, data.pack (docs/benchmarks.md)

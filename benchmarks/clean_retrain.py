@@ -13,9 +13,10 @@ The recipe of docs/data.md, end to end, through config.sh on --np local ranks (C
    planted.json (precision, recall), beside what other thresholds would drop;
 4. ArcFace runs (one center per class, the same scale and margin) of --steps steps each on (a) the noisy
    set, (b) each cleaned set, (c) the clean set, once per --seeds seed, each verified on the held-out pairs.
-It prints a Markdown table: per set its images and identities and the verification accuracy (the median
-over the seeds, and each seed's). Everything is written under --dir (each run removed first). It says
-first how much disk and time it needs; the runs are deterministic given a seed, their speed is not.
+It prints a Markdown table: per set its images and identities, the verification accuracy (the median
+over the seeds, and each seed's) and the loss of the last step (how well the run fits the set).
+Everything is written under --dir (each run removed first). It says first how much disk and time it
+needs; the runs are deterministic given a seed, their speed is not. Figures: docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def train(args, name: str, rec: str, classes: int, val: str, seed: int, loss: "l
         "--frequent", 50, "--verbose", 100000, "--output", out, *loss], out + ".log")
     with open(os.path.join(out, "metrics.jsonl")) as f:
         summary = [json.loads(line) for line in f][-1]["summary"]
-    return {"seconds": seconds, "accuracy": summary["verification"]["val"]["accuracy"]}
+    return {"seconds": seconds, "accuracy": summary["verification"]["val"]["accuracy"], "loss": summary["final_loss"]}
 
 
 def scores(out: str, planted: str, thresholds) -> dict:
@@ -151,13 +152,15 @@ def main(argv=None) -> int:
         sets[f"cleaned at {threshold:g} degrees"] = cleaned
     sets["clean (ground truth)"] = clean
     found = scores(cleaned, os.path.join(noisy, "planted.json"), sorted({*args.thresholds, *range(55, 90, 5)}))
-    accuracy = {name: [] for name in sets}
+    accuracy, loss = {name: [] for name in sets}, {name: [] for name in sets}
     for seed in args.seeds:
         for name, folder in sets.items():
             classes = images_and_classes(folder)[1]
             run = f"arcface-{os.path.basename(folder)}-seed{seed}"
-            accuracy[name].append(train(args, run, os.path.join(folder, "train.rec"), classes, val, seed,
-                                        ["--loss", "arcface", *margin])["accuracy"])
+            result = train(args, run, os.path.join(folder, "train.rec"), classes, val, seed,
+                           ["--loss", "arcface", *margin])
+            accuracy[name].append(result["accuracy"])
+            loss[name].append(result["loss"])
 
     print(f"\nsub-center run ({args.subcenter_k} sub-centers, {args.steps} steps): held-out accuracy "
           f"{sub['accuracy']:.3f}; each cleaning {max(cleaning.values()):.0f} s at most ({cleaned}/angles.png: "
@@ -166,19 +169,20 @@ def main(argv=None) -> int:
     for threshold, score in found.items():
         mark = " (cleaned with it)" if threshold in args.thresholds else ""
         print(f"| {threshold:g}{mark} | {score['dropped']} | {score['precision']:.3f} | {score['recall']:.3f} |")
-    print(f"\n| ArcFace on | images | identities | accuracy, median of {len(args.seeds)} | per seed |\n"
-          "|---|---|---|---|---|")
+    print(f"\n| ArcFace on | images | identities | accuracy, median of {len(args.seeds)} | per seed | "
+          "last step's loss, median |\n|---|---|---|---|---|---|")
     for name, folder in sets.items():
         count, classes = images_and_classes(folder)
         print(f"| {name} | {count:,} | {classes} | {statistics.median(accuracy[name]):.3f} | "
-              + ", ".join(f"{a:.3f}" for a in accuracy[name]) + " |")
+              + ", ".join(f"{a:.3f}" for a in accuracy[name]) + f" | {statistics.median(loss[name]):.2f} |")
     print(f"\n{runs} runs of {args.steps} steps on {args.np} ranks, batch {args.batch_size} per "
           f"rank, r18-lite, s = {args.margin_s:g}, m = {args.margin_m2:g}; {(time.time() - started) / 60:.0f} min; "
           f"load {open('/proc/loadavg').read().split()[0]} at the end, {os.cpu_count()} cores")
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "a") as f:
         f.write(json.dumps({"args": vars(args), "subcenter": sub,
-                            "scores": {str(k): v for k, v in found.items()}, "accuracy": accuracy}) + "\n")
+                            "scores": {str(k): v for k, v in found.items()}, "accuracy": accuracy,
+                            "loss": loss}) + "\n")
     return 0
 
 
