@@ -9,7 +9,7 @@ PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 # mxnet 1.9 warns about numpy aliases on import; keep the logs readable.
 export PYTHONWARNINGS ?= ignore::DeprecationWarning
 
-.PHONY: setup doctor test test-fast lint catalogue run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory bench-overlap clean-venv
+.PHONY: setup doctor test test-fast lint catalogue run run-head bench bench-losses bench-train bench-finetune bench-data bench-memory bench-overlap bench-clean clean-venv
 
 setup:                       ## create/refresh the virtual environment (idempotent)
 	@bash setup-utils/install.sh
@@ -59,6 +59,9 @@ bench-overlap: setup        ## the overlap search at 100k x 100k classes, D=512,
 
 bench-finetune: setup        ## fine-tuning a trained model on another synthetic set, and a 64-d student distilled from it (docs/benchmarks.md)
 	NP=$(NP) bash benchmarks/fine_tune.sh $(ARGS)
+
+bench-clean: setup           ## a noisy synthetic set cleaned by a sub-center run, then ArcFace on noisy, cleaned and clean sets (about 30 MB, 30-45 minutes; docs/benchmarks.md)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/clean_retrain.py $(ARGS)
 
 bench-data: setup            ## a 1M-record set and a 200k-image folder, built once (about 6 GB, 5 minutes): start-up, shuffle, resume, decoding, data.check, data.pack (docs/benchmarks.md)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_data.py $(ARGS)
