@@ -127,6 +127,17 @@ def write_clean_set(args, reader, records, verdicts: "list[dict]", num_classes: 
     new_label = np.where(kept_per_class > 0, np.cumsum(kept_per_class > 0) - 1, -1)
     order = np.lexsort((keys, labels))
     order = order[kept[order]]
+    counts, edges = np.histogram(angles, bins=90, range=(0, 180))
+    centers = (edges[:-1] + edges[1:]) / 2
+    top = max(1, int(counts.max()) if len(counts) else 1)
+    plots.draw(os.path.join(args.out, "angles.png"),
+               {"images": (centers, counts), f"threshold {args.threshold:g}": ([args.threshold] * 2, [0, top])},
+               (0, 180), (0, top * 1.05), list(range(0, 181, 30)),
+               "angle to the class's dominant sub-center (degrees)", "images", f"{args.rec}: {len(keys):,} images")
+    if not len(order):          # the histogram says where the angles lie: the threshold to choose instead
+        raise CleanError(f"no image of {args.rec} is within {args.threshold:g} degrees of its class's dominant "
+                         f"sub-center: nothing would be kept, and no set is written; {args.out}/angles.png shows "
+                         "the angles (choose --threshold by it, with --start-over)")
     writer = RecordWriter(args.out, len(order), int((kept_per_class > 0).sum()))
     try:
         for i in tqdm(order, desc="write", unit="img", file=sys.stderr, mininterval=5):
@@ -140,13 +151,6 @@ def write_clean_set(args, reader, records, verdicts: "list[dict]", num_classes: 
     except BaseException:
         writer.abort()
         raise
-    counts, edges = np.histogram(angles, bins=90, range=(0, 180))
-    centers = (edges[:-1] + edges[1:]) / 2
-    top = max(1, int(counts.max()) if len(counts) else 1)
-    plots.draw(os.path.join(args.out, "angles.png"),
-               {"images": (centers, counts), f"threshold {args.threshold:g}": ([args.threshold] * 2, [0, top])},
-               (0, 180), (0, top * 1.05), list(range(0, 181, 30)),
-               "angle to the class's dominant sub-center (degrees)", "images", f"{args.rec}: {len(keys):,} images")
     report = {"images": int(len(keys)), "kept": int(kept.sum()), "dropped": int((~kept).sum()),
               "classes": num_classes, "classes_left": int((kept_per_class > 0).sum()),
               "classes_left_empty": [int(c) for c in np.flatnonzero((kept_per_class == 0) & (images_per_class > 0))],

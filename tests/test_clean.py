@@ -123,6 +123,9 @@ def test_other_arguments_are_refused_unless_start_over_and_the_source_folder_is_
     inside = clean(run, data, data / "clean")
     assert inside.returncode != 0 and "the cleaned set is written beside the source, never into it" in inside.stdout
     assert sorted(os.listdir(data)) == before
+    nothing = clean(run, data, out, "--threshold", "0.001", "--start-over")      # every image beyond it
+    assert nothing.returncode != 0 and "nothing would be kept, and no set is written" in nothing.stdout
+    assert (out / "angles.png").exists() and not (out / "train.rec").exists() and "Traceback" not in nothing.stdout
 
 
 def test_the_dropped_images_are_the_planted_noise(noisy_run):
