@@ -10,12 +10,13 @@ from mxnet_pfc.head.margin import LOSSES
 
 def test_bench_train_prints_the_step_beside_its_parts(tmp_path):
     out = tmp_path / "train.jsonl"
-    proc = run_ranks(2, ["benchmarks/bench_train.py", "--num-classes", 2000, "--batch-size", 4, "--grad-accum", 2,
-                         "--rounds", 1, "--warmup", 1, "--json", out], timeout=240)
+    proc = run_ranks(2, ["benchmarks/bench_train.py", "--num-classes", 2000, "--extra-classes", 1000, "--batch-size",
+                         4, "--grad-accum", 2, "--rounds", 1, "--warmup", 1, "--json", out], timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "x its parts alone" in proc.stdout and "a timed step costs" in proc.stdout
+    assert "2000 + 1000 classes (2 head(s), rows 3 + 1)" in proc.stdout        # two sets, a head each
     result = json.loads(out.read_text())
-    assert result["grad_accum"] == 2 and result["step_ms"] > 0 and result["head_ms"] > 0
+    assert result["grad_accum"] == 2 and result["step_ms"] > 0 and result["head_ms"] > 0 and result["rows"] == [3, 1]
     assert set(result["phase_shares"]) == {"forward", "head", "backward", "update"}
 
 
