@@ -30,10 +30,10 @@ import numpy as np
 from tqdm import tqdm
 
 from mxnet_pfc.data.cleaning import DEFAULT_THRESHOLD, judge_class
-from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.data.faces import FACE_SIZE, inside
 from mxnet_pfc.data.records import RecordWriter, decode_image_record, open_records, unpack_image_record
 from mxnet_pfc.eval import plots
-from mxnet_pfc.head.memory_bank import read_saved_rows
+from mxnet_pfc.head.memory_bank import read_saved_centers
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.models.inference import Embedder, load_model
 from mxnet_pfc.runtime import checkpoints, comm
@@ -53,8 +53,8 @@ class CleanError(PfcError, ValueError):
 
 def check_output(out: str, rec: str) -> None:
     """The output folder: not the set's folder or inside it, and empty or one this command made."""
-    source, target = os.path.realpath(os.path.dirname(os.path.abspath(rec))), os.path.realpath(out)
-    if target == source or target.startswith(source + os.sep):
+    source = os.path.realpath(os.path.dirname(os.path.abspath(rec)))
+    if inside(source, out):
         raise CleanError(f"--out {out} is the set's folder or inside it ({source}): the cleaned set is written "
                          "beside the source, never into it")
     if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, OWNER)):
@@ -177,8 +177,8 @@ def run(args) -> None:
             raise CleanError(f"{args.rec} has {records.num_identities} identities, the run {checkpoint}'s set "
                              f"{args.set} {C} classes: name the set the run trained on (--set: which of its sets)")
         class_start, num_local = shard_range(C, rank, world)
-        centers = read_saved_rows(checkpoints.head_folder(checkpoint, args.set), shards, class_start, num_local,
-                                  D, K)[0]
+        centers = read_saved_centers(checkpoints.head_folder(checkpoint, args.set), shards, class_start, num_local,
+                                     D, K)
         work = os.path.join(args.out, ".work")
         wanted = fingerprint(checkpoint, state, args.set, args.rec, args.threshold)
         if rank == 0:

@@ -306,12 +306,12 @@ def set_verdict(report: Report, args: argparse.Namespace, gpus: list, context) -
     try:        # the sets as the trainer reads --rec and --images, in order (several: a head each)
         cfg = config_lib.parse_args([item for kind, path in args.sets for item in (f"--{kind}", path)])
         indexes = {number: folders.scan(path) for number, (kind, path) in enumerate(args.sets) if kind == "images"}
-        cfg = config_lib.resolve_config(cfg, world, indexes.pop(0, None), indexes)
+        cfg = config_lib.resolve_config(cfg, world, indexes.get(0), {n: i for n, i in indexes.items() if n})
         classes = [cfg.num_classes, *cfg.extra_classes]
         rows = [cfg.batch_size]
         if len(args.sets) > 1:      # each set's rows of the batch, by the sets' sizes as the trainer splits it
-            rows = rows_per_set(cfg.batch_size, [len(RecordSource(path)) if kind == "rec" else len(folders.scan(path))
-                                                 for kind, path in args.sets])
+            rows = rows_per_set(cfg.batch_size, [len(RecordSource(path)) if kind == "rec" else len(indexes[number])
+                                                 for number, (kind, path) in enumerate(args.sets)])
     except Exception as error:               # the trainer would stop on the same: the finding
         report.add("set", f"{what}: {error}")
         report.blockers.append(f"the set cannot be used: {error}")

@@ -39,13 +39,13 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from mxnet_pfc.data.faces import FACE_SIZE
+from mxnet_pfc.data.faces import FACE_SIZE, inside
 from mxnet_pfc.data.folders import scan
 from mxnet_pfc.data.iterators import TrainingSet, training_sets
 from mxnet_pfc.data.records import DataError, RecordWriter, open_records, unpack_image_record
 from mxnet_pfc.eval import plots
 from mxnet_pfc.head.center_search import most_similar
-from mxnet_pfc.head.memory_bank import copy_saved_rows, saved_shard_reader
+from mxnet_pfc.head.memory_bank import read_saved_centers
 from mxnet_pfc.head.sampler import shard_range
 from mxnet_pfc.runtime import checkpoints, comm
 from mxnet_pfc.runtime.device import add_context_option, choose_context
@@ -114,12 +114,11 @@ def run_sets(ckpt: str, state: checkpoints.State) -> "list[SetHead]":
 
 def check_output(out: str, sets: "list[SetHead]", what: str) -> None:
     """An output folder: not a set's folder or inside one, and empty or one this command wrote."""
-    target = os.path.realpath(out)
     for head in sets:
         if not head.path:
             continue
         source = os.path.realpath(head.data_folder())
-        if target == source or target.startswith(source + os.sep):
+        if inside(source, out):
             raise OverlapError(f"{what} {out} is the folder of {head.describe()} or inside it ({source}): "
                                "write beside the sets, never into them")
     if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, OWNER)):
@@ -137,17 +136,6 @@ def my_classes(head: SetHead, rank: int, world: int) -> "tuple[int, int]":
         raise OverlapError(f"{head.describe()}: fewer classes than the {world} ranks; run on at most "
                            f"{head.num_classes} rank(s)")
     return shard_range(head.num_classes, rank, world)
-
-
-def read_centers(head: SetHead, class_start: int, num_local: int, width: int, K: int) -> np.ndarray:
-    """This rank's classes' K center rows each (not their momentum), from the shards of any world size."""
-    rows = np.empty((num_local * K, width), dtype=np.float32)
-
-    def put(row: int, values: np.ndarray) -> None:
-        rows[row:row + len(values)] = values
-    copy_saved_rows(head.shards, class_start, num_local, K, "centers",
-                    saved_shard_reader(head.folder, head.shards, width, K), put, 1 << 16)
-    return rows
 
 
 def class_top(cos: np.ndarray, ids: np.ndarray, K: int, k: int) -> "tuple[np.ndarray, np.ndarray]":
@@ -183,7 +171,8 @@ def search(args, sets: "list[SetHead]", state: checkpoints.State, ctx, rank: int
     K, width = int(state.subcenters), state.embedding_size
     with comm.fail_together("reading the centers"):
         mine = [my_classes(head, rank, world) for head in sets]
-        centers = [read_centers(head, start, count, width, K) for head, (start, count) in zip(sets, mine)]
+        centers = [read_saved_centers(head.folder, head.shards, start, count, width, K)
+                   for head, (start, count) in zip(sets, mine)]
     found = {}
     for a in sets:
         for b in sets:

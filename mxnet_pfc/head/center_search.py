@@ -83,8 +83,10 @@ def most_similar(local_a: np.ndarray, local_b: np.ndarray, b_start: int, k: int,
             block = mine[first:first + rows] if owner == comm.rank() else np.zeros((rows, width), np.float32)
             block = comm.broadcast(mx.nd.array(block, dtype="float32"), root_rank=owner,
                                    name=f"search.{owner}.{first}")
-            block_on_ctx = block.as_in_context(ctx) if a_on_ctx is not None else None
-            block = block.asnumpy()
+            if a_on_ctx is not None:
+                block_on_ctx = block.as_in_context(ctx)
+            else:
+                block = block.asnumpy()         # the products by NumPy: the block on the host
             step = max(1, SCORE_BYTES // (4 * rows))
             for lo in range(0, len(a), step):
                 hi = min(lo + step, len(a))

@@ -213,19 +213,24 @@ def copy_saved_rows(shards: "list[list[int]]", class_start: int, num_local: int,
             put(new_row * K + start, values)
 
 
+def assemble_kind(shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
+                  subcenters: int, read_shard, kind: str) -> np.ndarray:
+    """The rows of `kind` ('centers' or 'momentum') float32 of classes [class_start, class_start + num_local),
+    K rows each, as a host array: copy_saved_rows into it."""
+    target = np.empty((num_local * subcenters, embedding_size), dtype=np.float32)
+
+    def put(row: int, values: np.ndarray) -> None:
+        target[row:row + len(values)] = values
+    copy_saved_rows(shards, class_start, num_local, subcenters, kind, read_shard, put, chunk_rows(target))
+    return target
+
+
 def assemble_rows(shards: "list[list[int]]", class_start: int, num_local: int, embedding_size: int,
                   subcenters: int, read_shard) -> "tuple[np.ndarray, np.ndarray]":
     """(centers, momentum) float32 of classes [class_start, class_start + num_local), K rows each, as host
-    arrays: copy_saved_rows of both kinds."""
-    arrays = []
-    for kind in ("centers", "momentum"):
-        target = np.empty((num_local * subcenters, embedding_size), dtype=np.float32)
-
-        def put(row: int, values: np.ndarray, target=target) -> None:
-            target[row:row + len(values)] = values
-        copy_saved_rows(shards, class_start, num_local, subcenters, kind, read_shard, put, chunk_rows(target))
-        arrays.append(target)
-    return arrays[0], arrays[1]
+    arrays."""
+    return tuple(assemble_kind(shards, class_start, num_local, embedding_size, subcenters, read_shard, kind)
+                 for kind in ("centers", "momentum"))
 
 
 class FileRows:
@@ -270,3 +275,11 @@ def read_saved_rows(folder: str, shards: "list[list[int]]", class_start: int, nu
     """assemble_rows from the shard files a checkpoint saved in `folder` (only the rows needed are read)."""
     return assemble_rows(shards, class_start, num_local, embedding_size, subcenters,
                          saved_shard_reader(folder, shards, embedding_size, subcenters))
+
+
+def read_saved_centers(folder: str, shards: "list[list[int]]", class_start: int, num_local: int,
+                       embedding_size: int, subcenters: int = 1) -> np.ndarray:
+    """The centers alone of read_saved_rows (a search or a judgement of images needs no momentum: half the
+    reading)."""
+    return assemble_kind(shards, class_start, num_local, embedding_size, subcenters,
+                         saved_shard_reader(folder, shards, embedding_size, subcenters), "centers")

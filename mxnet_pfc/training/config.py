@@ -42,8 +42,8 @@ import textwrap
 from dataclasses import dataclass, fields
 
 import symbols
-from mxnet_pfc.data.faces import FACE_SIZE
-from mxnet_pfc.data.iterators import DataError, count_classes, stated_classes, training_sets
+from mxnet_pfc.data.faces import FACE_SIZE, inside
+from mxnet_pfc.data.iterators import DataError, TrainingSet, count_classes, stated_classes, training_sets
 from mxnet_pfc.head import margin
 from mxnet_pfc.runtime.errors import ConfigError, quoted
 from mxnet_pfc.runtime.files import write_json
@@ -610,7 +610,7 @@ def _is_within(path: str, folder: str) -> bool:
         return False
     folder = os.path.realpath(folder)
     candidates = [path, *glob.glob(glob.escape(path) + "-symbol.json"), *glob.glob(glob.escape(path) + "-*.params")]
-    return any(os.path.commonpath([folder, os.path.realpath(candidate)]) == folder for candidate in candidates)
+    return any(inside(folder, candidate) for candidate in candidates)
 
 
 def margin_of(config: Config, seed: "int | None" = None) -> margin.Margin:
@@ -634,7 +634,7 @@ def parse_args(argv=None) -> Config:
             raise ConfigError(f"{', '.join(empty)} '': with several sets every --rec/--images names a set")
         (kind, path), rest = given[0], given[1:]
         values["rec"], values["images"] = (path, None) if kind == "rec" else (None, path)
-        values["extra_sets"] = tuple(f"{kind}:{path}" for kind, path in rest)
+        values["extra_sets"] = tuple(str(TrainingSet(kind, path)) for kind, path in rest)
     return make_config(values)
 
 
